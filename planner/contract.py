@@ -1,0 +1,288 @@
+"""Problem v1 and plan v1 documents (shared/CONTRACT.md), their validation and the canonical key.
+
+Everything that crosses a process boundary is one of these two models. Validation names the field and
+the reason; normalization fills the contract's defaults so that the canonical key is the same however
+a client spelled the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+PROBLEM_FORMAT = "pipeplan.problem/v1"
+PLAN_FORMAT = "pipeplan.plan/v1"
+
+
+class Limits(BaseModel):
+    """Size limits on accepted problems; the service overrides them from its settings.
+
+    They bound the work one request can cause (ops to solve, JSON to store), not the physics.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    max_devices: int = 256
+    max_microbatches: int = 4096
+    max_stages_per_device: int = 8
+    max_ops: int = 400_000
+    max_duration_ms: float = 1e7
+    max_memory_mib: float = 1e9
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class Options(BaseModel):
+    """Which schedule freedoms the problem allows (CONTRACT.md: options)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    split_backward: bool = True
+    offload: bool = False
+    recompute: bool = False
+
+
+def _finite_non_negative(value: float, info: ValidationInfo) -> float:
+    if value is None:
+        return value
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError(f"{info.field_name} must be a finite number, got {value}")
+    if value < 0:
+        raise ValueError(f"{info.field_name} must be >= 0, got {value}")
+    return float(value)
+
+
+class Stage(BaseModel):
+    """One pipeline stage: its device and its per-microbatch costs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: int = Field(ge=0)
+    forward_ms: float
+    backward_input_ms: float
+    backward_weight_ms: float
+    recompute_ms: float | None = None
+    offload_ms: float | None = None
+    reload_ms: float | None = None
+    activation_mib: float
+    weight_grad_mib: float = 0.0
+    offloadable_mib: float | None = None
+    checkpoint_mib: float = 0.0
+
+    _finite = field_validator(
+        "forward_ms", "backward_input_ms", "backward_weight_ms", "recompute_ms", "offload_ms",
+        "reload_ms", "activation_mib", "weight_grad_mib", "offloadable_mib", "checkpoint_mib",
+    )(_finite_non_negative)
+
+    @field_validator("forward_ms", "backward_input_ms")
+    @classmethod
+    def _positive(cls, value: float, info: ValidationInfo) -> float:
+        if value <= 0:
+            raise ValueError(f"{info.field_name} must be > 0, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _fill_and_check(self) -> Stage:
+        if self.recompute_ms is None:
+            self.recompute_ms = self.forward_ms
+        if self.offload_ms is None:
+            if self.reload_ms is not None:
+                raise ValueError("reload_ms is given but offload_ms is missing")
+            self.offload_ms = 0.0
+        if self.reload_ms is None:
+            self.reload_ms = self.offload_ms
+        if self.offloadable_mib is None:
+            self.offloadable_mib = self.activation_mib
+        for name in ("offloadable_mib", "weight_grad_mib", "checkpoint_mib"):
+            if getattr(self, name) > self.activation_mib:
+                raise ValueError(
+                    f"{name} ({getattr(self, name)}) exceeds activation_mib ({self.activation_mib}):"
+                    " it is a part of the activation"
+                )
+        return self
+
+
+class Device(BaseModel):
+    """Memory of one device: its limit (None = unlimited) and what weights/optimizer state hold."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_limit_mib: float | None = None
+    static_mib: float = 0.0
+
+    _finite = field_validator("memory_limit_mib", "static_mib")(_finite_non_negative)
+
+
+class Problem(BaseModel):
+    """A pipeline schedule problem (`pipeplan.problem/v1`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["pipeplan.problem/v1"] = PROBLEM_FORMAT
+    num_devices: int = Field(ge=1)
+    num_microbatches: int = Field(ge=1)
+    p2p_ms: float = 0.0
+    options: Options = Field(default_factory=Options)
+    stages: list[Stage] = Field(min_length=1)
+    devices: list[Device]
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Free-form provenance (model, partition layer ranges); part of the key.",
+    )
+
+    _finite = field_validator("p2p_ms")(_finite_non_negative)
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> Problem:
+        if len(self.devices) != self.num_devices:
+            raise ValueError(
+                f"devices has {len(self.devices)} entries but num_devices is {self.num_devices}"
+            )
+        counts = [0] * self.num_devices
+        for k, stage in enumerate(self.stages):
+            if stage.device >= self.num_devices:
+                raise ValueError(
+                    f"stages[{k}].device is {stage.device} but there are only {self.num_devices}"
+                    f" devices (0..{self.num_devices - 1})"
+                )
+            counts[stage.device] += 1
+        for d, count in enumerate(counts):
+            if count == 0:
+                raise ValueError(f"device {d} holds no stage: every device needs at least one")
+        if len(set(counts)) != 1:
+            raise ValueError(
+                "every device must hold the same number of stages (len(stages) = num_devices x"
+                f" chunks); stages per device are {counts}"
+            )
+        if self.options.offload and all(s.offload_ms == 0 and s.reload_ms == 0 for s in self.stages):
+            raise ValueError("options.offload is true but no stage gives offload_ms")
+        return self
+
+    # -- derived facts used everywhere ---------------------------------------------------------------
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def chunks(self) -> int:
+        return len(self.stages) // self.num_devices
+
+    def stages_of(self, device: int) -> list[int]:
+        return [k for k, s in enumerate(self.stages) if s.device == device]
+
+    def link_ms(self, from_stage: int, to_stage: int) -> float:
+        """Transfer time between two stages: p2p_ms across devices, nothing on one device."""
+        same = self.stages[from_stage].device == self.stages[to_stage].device
+        return 0.0 if same else self.p2p_ms
+
+    def limit_of(self, device: int) -> float:
+        limit = self.devices[device].memory_limit_mib
+        return math.inf if limit is None else limit
+
+    def check_limits(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        """Raise ValueError naming the field when the problem exceeds the configured sizes."""
+        checks = [
+            ("num_devices", self.num_devices, limits.max_devices),
+            ("num_microbatches", self.num_microbatches, limits.max_microbatches),
+            ("stages", self.chunks, limits.max_stages_per_device),
+        ]
+        for name, value, cap in checks:
+            if value > cap:
+                raise ValueError(f"{name}: {value} exceeds the limit {cap}")
+        ops = 4 * self.num_stages * self.num_microbatches
+        if ops > limits.max_ops:
+            raise ValueError(f"stages x num_microbatches: up to {ops} ops exceeds the limit {limits.max_ops}")
+        for k, s in enumerate(self.stages):
+            for name in ("forward_ms", "backward_input_ms", "backward_weight_ms", "recompute_ms",
+                         "offload_ms", "reload_ms"):
+                if getattr(s, name) > limits.max_duration_ms:
+                    raise ValueError(f"stages[{k}].{name} exceeds the limit {limits.max_duration_ms}")
+        for d, dev in enumerate(self.devices):
+            for name in ("memory_limit_mib", "static_mib"):
+                value = getattr(dev, name)
+                if value is not None and value > limits.max_memory_mib:
+                    raise ValueError(f"devices[{d}].{name} exceeds the limit {limits.max_memory_mib}")
+
+    def canonical_json(self) -> str:
+        """Canonical form (CONTRACT.md): defaults filled, every number a float, sorted, compact."""
+        return json.dumps(_floats(self.model_dump(mode="json")), sort_keys=True, separators=(",", ":"))
+
+    def key(self) -> str:
+        """SHA-256 hex of the canonical JSON: the cache key of this configuration."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+def _floats(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_floats(v) for v in value]
+    return value
+
+
+OpKindName = Literal["F", "B", "W", "BW", "OFFLOAD", "RELOAD", "RECOMPUTE"]
+
+
+class PlanOp(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: OpKindName
+    stage: int = Field(ge=0)
+    mb: int = Field(ge=0)
+    start_ms: float
+    end_ms: float
+
+
+class DevicePlan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    device: int = Field(ge=0)
+    ops: list[PlanOp]
+
+
+class Plan(BaseModel):
+    """A timed schedule (`pipeplan.plan/v1`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["pipeplan.plan/v1"] = PLAN_FORMAT
+    problem_key: str
+    revision: int = Field(default=1, ge=1)
+    status: Literal["feasible", "optimal"] = "feasible"
+    makespan_ms: float
+    lower_bound_ms: float
+    bubble_ratio: float
+    peak_memory_mib: list[float]
+    method: str
+    devices: list[DevicePlan]
+    solver_bound_ms: float | None = Field(
+        default=None, description="The solver's own proven bound, when a solver produced the plan."
+    )
+
+    @property
+    def gap(self) -> float:
+        """Relative distance to the best known lower bound (0 = proven optimal)."""
+        bound = max(self.lower_bound_ms, self.solver_bound_ms or 0.0)
+        return 0.0 if self.makespan_ms <= 0 else max(0.0, self.makespan_ms - bound) / self.makespan_ms
+
+
+def error_messages(exc: Exception) -> list[str]:
+    """Readable 'field: reason' lines for a pydantic ValidationError (or any other error)."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return [str(exc)]
+    lines = []
+    for err in errors():
+        where = ".".join(str(p) for p in err.get("loc", ())) or "problem"
+        msg = err.get("msg", "").removeprefix("Value error, ")
+        lines.append(f"{where}: {msg}")
+    return lines

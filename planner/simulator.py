@@ -1,0 +1,194 @@
+"""ASAP timing of per-device op orders, and assembly of the resulting plan v1.
+
+A heuristic or a solver decides *orders* (per device: the compute order and the two copy-lane
+orders) and, optionally, *gates* (an op may not start before another op starts or ends; this is how
+a reload is delayed until just before its backward instead of running as early as possible). The
+simulator turns that into times: every op starts as soon as its lane, its dependencies and its gates
+allow. Orders that wait on each other in a cycle are reported as a deadlock, naming the ops.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .bounds import lower_bound
+from .contract import DevicePlan, Plan, PlanOp, Problem
+from .memory import TimedOp, peak_memory
+from .ops import COMPUTE_KINDS, LANES, Choice, Lane, Op, choices_from_ops, deps, duration, lane_of
+
+
+class Gate(NamedTuple):
+    """`op` may not start before `after` starts (at_end=False) or ends (at_end=True)."""
+
+    op: Op
+    after: Op
+    at_end: bool = False
+
+
+@dataclass
+class DeviceOrder:
+    compute: list[Op] = field(default_factory=list)
+    d2h: list[Op] = field(default_factory=list)
+    h2d: list[Op] = field(default_factory=list)
+
+    def lane(self, lane: Lane) -> list[Op]:
+        return {Lane.COMPUTE: self.compute, Lane.D2H: self.d2h, Lane.H2D: self.h2d}[lane]
+
+
+@dataclass
+class Schedule:
+    """Op orders per device plus gates: everything needed to time a plan."""
+
+    devices: list[DeviceOrder]
+    gates: list[Gate] = field(default_factory=list)
+
+    def all_ops(self) -> list[Op]:
+        return [op for d in self.devices for lane in LANES for op in d.lane(lane)]
+
+
+class ScheduleError(ValueError):
+    """The orders do not describe a complete, consistent set of ops for the problem."""
+
+
+class DeadlockError(ScheduleError):
+    """The orders wait on each other in a cycle; the message names the blocked ops."""
+
+
+@dataclass
+class Timing:
+    """Start and end of every op, with the choices its op set implies."""
+
+    times: dict[Op, tuple[float, float]]
+    choices: dict[tuple[int, int], Choice]
+
+    @property
+    def makespan(self) -> float:
+        return max(e for _, e in self.times.values()) - min(s for s, _ in self.times.values())
+
+    def timed(self, ops: list[Op]) -> list[TimedOp]:
+        return [TimedOp(op, *self.times[op]) for op in ops]
+
+
+def check_schedule(problem: Problem, schedule: Schedule) -> dict[tuple[int, int], Choice]:
+    """Validate the structure of `schedule` and return the choices it implies."""
+    if len(schedule.devices) != problem.num_devices:
+        raise ScheduleError(f"schedule has {len(schedule.devices)} devices; problem has {problem.num_devices}")
+    problems: list[str] = []
+    for d, order in enumerate(schedule.devices):
+        for lane in LANES:
+            for op in order.lane(lane):
+                if lane_of(op.kind) is not lane:
+                    problems.append(f"{op} is in the {lane.value} lane of device {d}")
+                elif op.stage < problem.num_stages and problem.stages[op.stage].device != d:
+                    problems.append(f"{op} is ordered on device {d}, not on its stage's device")
+    choices, errors = choices_from_ops(problem, schedule.all_ops())
+    problems += errors
+    if problems:
+        raise ScheduleError("; ".join(problems[:10]))
+    return choices
+
+
+def simulate(problem: Problem, schedule: Schedule) -> Timing:
+    """Time every op as early as its lane order, dependencies and gates allow."""
+    choices = check_schedule(problem, schedule)
+    preds: dict[Op, list[tuple[Op, float, bool]]] = {}  # op -> (before, lag, wait_for_end)
+    for order in schedule.devices:
+        for lane in LANES:
+            previous = None
+            for op in order.lane(lane):
+                entry = [(dep.before, dep.lag_ms, True) for dep in deps(problem, op, choices)]
+                if previous is not None:
+                    entry.append((previous, 0.0, True))
+                preds[op] = entry
+                previous = op
+    for gate in schedule.gates:
+        if gate.op not in preds or gate.after not in preds:
+            raise ScheduleError(f"gate {gate.op} after {gate.after} names an op the schedule lacks")
+        preds[gate.op].append((gate.after, 0.0, gate.at_end))
+
+    successors: dict[Op, list[Op]] = {op: [] for op in preds}
+    waiting = {op: len(p) for op, p in preds.items()}
+    for op, p in preds.items():
+        for before, _, _ in p:
+            successors[before].append(op)
+    ready = deque(op for op, n in waiting.items() if n == 0)
+    times: dict[Op, tuple[float, float]] = {}
+    while ready:
+        op = ready.popleft()
+        start = 0.0
+        for before, lag, at_end in preds[op]:
+            b_start, b_end = times[before]
+            start = max(start, (b_end if at_end else b_start) + lag)
+        times[op] = (start, start + duration(problem, op))
+        for nxt in successors[op]:
+            waiting[nxt] -= 1
+            if waiting[nxt] == 0:
+                ready.append(nxt)
+    if len(times) < len(preds):
+        raise DeadlockError(_deadlock_message(schedule, preds, times))
+    return Timing(times, choices)
+
+
+def _deadlock_message(schedule: Schedule, preds, times) -> str:
+    lines = []
+    for d, order in enumerate(schedule.devices):
+        for lane in LANES:
+            head = next((op for op in order.lane(lane) if op not in times), None)
+            if head is not None:
+                blockers = ", ".join(str(b) for b, _, _ in preds[head] if b not in times)
+                lines.append(f"device {d} {lane.value} lane waits at {head} for {blockers}")
+    return "orders deadlock: " + "; ".join(lines[:8])
+
+
+def build_plan(problem: Problem, schedule: Schedule, timing: Timing, method: str,
+               problem_key: str | None = None, status: str = "feasible",
+               solver_bound_ms: float | None = None) -> Plan:
+    """Assemble plan v1 from a timed schedule (metrics computed here, validation left to callers)."""
+    devices, peaks = [], []
+    busy = 0.0
+    for d, order in enumerate(schedule.devices):
+        rank = {op: (lane_index, pos) for lane_index, lane in enumerate(LANES)
+                for pos, op in enumerate(order.lane(lane))}
+        ops = sorted(rank, key=lambda op: (timing.times[op][0], rank[op]))
+        devices.append(DevicePlan(device=d, ops=[
+            PlanOp(kind=op.kind.value, stage=op.stage, mb=op.mb,
+                   start_ms=timing.times[op][0], end_ms=timing.times[op][1]) for op in ops]))
+        peaks.append(peak_memory(problem, d, timing.timed(ops), timing.choices))
+        busy += sum(timing.times[op][1] - timing.times[op][0] for op in ops if op.kind in COMPUTE_KINDS)
+    makespan = timing.makespan
+    return Plan(
+        problem_key=problem_key or problem.key(),
+        status=status,
+        makespan_ms=makespan,
+        lower_bound_ms=min(lower_bound(problem), makespan),
+        bubble_ratio=1.0 - busy / (problem.num_devices * makespan) if makespan > 0 else 0.0,
+        peak_memory_mib=peaks,
+        method=method,
+        devices=devices,
+        solver_bound_ms=solver_bound_ms,
+    )
+
+
+def schedule_from_plan(plan: Plan) -> Schedule:
+    """The orders (and reload gates) a timed plan implies, to re-time or improve it.
+
+    Each reload is gated on the compute op running when it started, so re-timing keeps it as late
+    as the plan had it instead of pulling it forward and raising memory.
+    """
+    from .ops import Kind
+
+    devices, gates = [], []
+    for dp in sorted(plan.devices, key=lambda d: d.device):
+        order = DeviceOrder()
+        last_compute = None
+        for pop in sorted(dp.ops, key=lambda p: p.start_ms):
+            op = Op(Kind(pop.kind), pop.stage, pop.mb)
+            order.lane(lane_of(op.kind)).append(op)
+            if op.kind in COMPUTE_KINDS:
+                last_compute = op
+            elif op.kind is Kind.RELOAD and last_compute is not None:
+                gates.append(Gate(op, last_compute))
+        devices.append(order)
+    return Schedule(devices, gates)
