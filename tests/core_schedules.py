@@ -1,0 +1,123 @@
+"""Small hand-written problems and schedules for the core tests (independent of planner.baselines).
+
+They use only the lead's simulator, so the core modules are tested without the heuristics built on
+them: a serialized schedule (one microbatch at a time, every activation at its residue), and plain
+1F1B / GPipe orders.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.contract import Plan, Problem
+from planner.ops import Kind, Op
+from planner.simulator import DeviceOrder, Gate, Schedule, build_plan, simulate
+
+
+def stage(device: int, f: float = 1.0, b: float = 1.0, w: float = 1.0, **extra: Any) -> dict:
+    return {"device": device, "forward_ms": f, "backward_input_ms": b, "backward_weight_ms": w,
+            "activation_mib": extra.pop("activation_mib", 100.0), **extra}
+
+
+def problem_doc(p: int = 2, m: int = 2, *, chunks: int = 1, placement: str = "loop", p2p: float = 0.0,
+                split: bool = True, offload: bool = False, recompute: bool = False,
+                limit: float | None = None, static: float = 0.0, **stage_fields: Any) -> dict:
+    """A uniform problem v1 document; 'v' placement puts stage k and 2P-1-k on one device."""
+    devices = []
+    for k in range(p * chunks):
+        c, r = divmod(k, p)
+        devices.append(p - 1 - r if placement == "v" and c % 2 else r)
+    fields = dict(stage_fields)
+    if offload:
+        fields.setdefault("offload_ms", 0.5)
+        fields.setdefault("offloadable_mib", 80.0)
+    if recompute:
+        fields.setdefault("checkpoint_mib", 10.0)
+    return {
+        "format": "pipeplan.problem/v1", "num_devices": p, "num_microbatches": m, "p2p_ms": p2p,
+        "options": {"split_backward": split, "offload": offload, "recompute": recompute},
+        "stages": [stage(d, **fields) for d in devices],
+        "devices": [{"memory_limit_mib": limit, "static_mib": static} for _ in range(p)],
+    }
+
+
+def make_problem(**kw: Any) -> Problem:
+    return Problem.model_validate(problem_doc(**kw))
+
+
+def _backward(problem: Problem, k: int, i: int) -> list[Op]:
+    if problem.options.split_backward:
+        return [Op(Kind.B, k, i), Op(Kind.W, k, i)]
+    return [Op(Kind.BW, k, i)]
+
+
+def one_f_one_b(problem: Problem) -> Schedule:
+    """1F1B for one stage per device: P-d-1 warm-up forwards, then alternate, then drain."""
+    p, m = problem.num_devices, problem.num_microbatches
+    assert problem.chunks == 1
+    devices = []
+    for d in range(p):
+        k = problem.stages_of(d)[0]
+        warm = min(m, p - d - 1)
+        order = [Op(Kind.F, k, i) for i in range(warm)]
+        for i in range(m):
+            if warm + i < m:
+                order.append(Op(Kind.F, k, warm + i))
+            order += _backward(problem, k, i)
+        devices.append(DeviceOrder(compute=order))
+    return Schedule(devices)
+
+
+def gpipe(problem: Problem) -> Schedule:
+    """All forwards, then all backwards, per device (one stage per device)."""
+    devices = []
+    for d in range(problem.num_devices):
+        k = problem.stages_of(d)[0]
+        order = [Op(Kind.F, k, i) for i in range(problem.num_microbatches)]
+        for i in range(problem.num_microbatches):
+            order += _backward(problem, k, i)
+        devices.append(DeviceOrder(compute=order))
+    return Schedule(devices)
+
+
+def serialized(problem: Problem) -> Schedule:
+    """One microbatch at a time; each stage's activation reduced to its residue while it waits.
+
+    This is the schedule behind bounds.min_memory's tightness claim: a stage that is not the last of
+    its device on the way down offloads (gated so the next forward waits for the copy) or
+    recomputes, whichever leaves less resident, when the options allow it.
+    """
+    s, m = problem.num_stages, problem.num_microbatches
+    orders = [DeviceOrder() for _ in range(problem.num_devices)]
+    gates: list[Gate] = []
+    for i in range(m):
+        mode: dict[int, str] = {}
+        for k in range(s):
+            st = problem.stages[k]
+            keep = st.activation_mib
+            off = st.activation_mib - st.offloadable_mib if problem.options.offload else keep
+            rec = st.checkpoint_mib if problem.options.recompute else keep
+            mode[k] = "offload" if off < min(keep, rec) else "recompute" if rec < keep else "keep"
+        for k in range(s):
+            d = problem.stages[k].device
+            orders[d].compute.append(Op(Kind.F, k, i))
+            if mode[k] == "offload":
+                orders[d].d2h.append(Op(Kind.OFFLOAD, k, i))
+                if k + 1 < s:  # the next forward waits for the copy, so the freed memory is reused
+                    gates.append(Gate(Op(Kind.F, k + 1, i), Op(Kind.OFFLOAD, k, i), at_end=True))
+        for k in reversed(range(s)):
+            d = problem.stages[k].device
+            if mode[k] == "offload":
+                orders[d].h2d.append(Op(Kind.RELOAD, k, i))
+                if k + 1 < s:  # reload only once the later stages have freed their memory
+                    gates.append(Gate(Op(Kind.RELOAD, k, i), _backward(problem, k + 1, i)[-1], at_end=True))
+            if mode[k] == "recompute":
+                orders[d].compute.append(Op(Kind.RECOMPUTE, k, i))
+            orders[d].compute += _backward(problem, k, i)
+        if i + 1 < m:  # the next microbatch starts when this one is completely done
+            gates.append(Gate(Op(Kind.F, 0, i + 1), _backward(problem, 0, i)[-1], at_end=True))
+    return Schedule(orders, gates)
+
+
+def plan_of(problem: Problem, schedule: Schedule, method: str = "test") -> Plan:
+    return build_plan(problem, schedule, simulate(problem, schedule), method)
