@@ -113,6 +113,8 @@ def serialized(problem: Problem) -> Schedule:
                     gates.append(Gate(Op(Kind.RELOAD, k, i), _backward(problem, k + 1, i)[-1], at_end=True))
             if mode[k] == "recompute":
                 orders[d].compute.append(Op(Kind.RECOMPUTE, k, i))
+                if k + 1 < s:  # recompute just in time, not right after the forward
+                    gates.append(Gate(Op(Kind.RECOMPUTE, k, i), _backward(problem, k + 1, i)[0], at_end=True))
             orders[d].compute += _backward(problem, k, i)
         if i + 1 < m:  # the next microbatch starts when this one is completely done
             gates.append(Gate(Op(Kind.F, 0, i + 1), _backward(problem, 0, i)[-1], at_end=True))
