@@ -1,0 +1,154 @@
+"""`solve`: seed with the best heuristic (and a stored plan), then improve under a time limit,
+streaming every strictly better validated plan (TEAM.md interface)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..bounds import check_memory_feasible, lower_bound
+from ..contract import Plan, Problem
+from ..simulator import build_plan, schedule_from_plan, simulate
+from ..validator import validate_plan
+from .incumbent import EPS_MS, Incumbent
+from .scaling import scale_for
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("auto", "cpsat", "lns", "milp")
+# Above this many (stage, microbatch) pairs the whole-problem CP-SAT model stalls on 2 cores, so
+# "auto" switches to large-neighbourhood search (measured: see docs/optimizer.md).
+LNS_PAIRS = 400
+
+
+@dataclass
+class SolveResult:
+    plan: Plan
+    lower_bound_ms: float
+    solver_bound_ms: float | None
+    status: str  # "optimal" only when proven
+    engine: str
+    seed_method: str
+    time_to_first_s: float
+    elapsed_s: float
+    improvements: int
+    history: list[tuple[float, float]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def makespan_ms(self) -> float:
+        return self.plan.makespan_ms
+
+    @property
+    def gap(self) -> float:
+        return self.plan.gap
+
+
+def default_workers() -> int:
+    try:
+        from pipeplan.settings import get_settings
+
+        wanted = get_settings().solver_workers
+    except Exception:  # noqa: BLE001 - the planner stays usable without the app's settings
+        wanted = 8
+    return max(1, min(wanted, os.cpu_count() or 1))
+
+
+def _seed_plans(problem: Problem, key: str, hint: Plan | None, notes: list[str]) -> list[Plan]:
+    plans = []
+    try:
+        from ..baselines import best_heuristic
+    except ImportError:
+        best_heuristic = None
+        notes.append("planner.baselines missing: no heuristic seed")
+    if best_heuristic is not None:
+        plans.append(best_heuristic(problem, problem_key=key))
+    if hint is not None:
+        h = _adapt_hint(problem, key, hint)
+        if h is not None:
+            plans.append(h)
+        else:
+            notes.append("hint plan does not fit this problem; ignored")
+    return plans
+
+
+def _adapt_hint(problem: Problem, key: str, hint: Plan) -> Plan | None:
+    """The hint itself when valid here, else its orders re-timed on this problem (a stored plan of a
+    near-identical configuration)."""
+    try:
+        if hint.problem_key == key and not validate_plan(problem, hint, key):
+            return hint
+        schedule = schedule_from_plan(hint)
+        plan = build_plan(problem, schedule, simulate(problem, schedule), f"hint ({hint.method})", key)
+        return plan if not validate_plan(problem, plan, key) else None
+    except Exception:  # noqa: BLE001 - a bad hint is ignored, never fatal
+        return None
+
+
+def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan], None] | None = None,
+          stop: threading.Event | None = None, hint: Plan | None = None, engine: str = "auto",
+          workers: int | None = None, seed: int = 0, deterministic: bool = False,
+          problem_key: str | None = None) -> SolveResult:
+    """Best plan found within `time_limit_s`. Raises MemoryInfeasibleError for impossible budgets."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine: {engine!r} is not one of {', '.join(ENGINES)}")
+    started = time.monotonic()
+    deadline = started + max(0.0, time_limit_s)
+    check_memory_feasible(problem)
+    key = problem_key or problem.key()
+    workers = max(1, workers or default_workers())
+    notes: list[str] = []
+    inc = Incumbent(problem, key, on_improvement, started)
+    seeds = _seed_plans(problem, key, hint, notes)
+    for plan in sorted(seeds, key=lambda p: p.makespan_ms):
+        inc.offer(plan)
+    seed_method = inc.plan.method if inc.plan else "none"
+    lb = lower_bound(problem)
+    scale = scale_for(problem)
+    pairs = problem.num_stages * problem.num_microbatches
+    chosen = engine if engine != "auto" else ("cpsat" if pairs <= LNS_PAIRS else "lns")
+    solver_bound: float | None = None
+    proven = inc.plan is not None and inc.makespan <= lb + EPS_MS
+    if not proven and not (stop is not None and stop.is_set()):
+        solver_bound, proven = _run_engine(chosen, problem, inc, scale, deadline, stop, workers, seed,
+                                           deterministic, notes)
+    if inc.plan is None:
+        raise RuntimeError("no valid plan was found (no heuristic seed and the solver found none)")
+    best = inc.plan
+    bound = max(lb, solver_bound or 0.0)
+    optimal = proven or best.makespan_ms <= bound + EPS_MS
+    final = best.model_copy(update={
+        "status": "optimal" if optimal else "feasible",
+        "solver_bound_ms": min(solver_bound, best.makespan_ms) if solver_bound is not None else best.solver_bound_ms,
+    })
+    return SolveResult(plan=final, lower_bound_ms=lb, solver_bound_ms=solver_bound,
+                       status=final.status, engine=chosen, seed_method=seed_method,
+                       time_to_first_s=inc.first_at or 0.0, elapsed_s=time.monotonic() - started,
+                       improvements=len(inc.history), history=list(inc.history), notes=notes)
+
+
+def _run_engine(engine: str, problem: Problem, inc: Incumbent, scale, deadline: float,
+                stop: threading.Event | None, workers: int, seed: int, deterministic: bool,
+                notes: list[str]) -> tuple[float | None, bool]:
+    """Run `engine` until the deadline; return (solver bound in ms or None, proven optimal)."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0.05:
+        return None, False
+    if engine == "cpsat":
+        from . import cpsat
+
+        out = cpsat.run(problem, inc, scale, remaining, stop, workers, seed, deterministic)
+        notes.append(f"cp-sat {out.status} in {out.wall_s:.1f}s")
+        bound = out.bound_ticks / scale.time_scale if (out.bound_ticks is not None and scale.time_exact) else None
+        return bound, out.status == "OPTIMAL" and scale.time_exact
+    if engine == "lns":
+        from . import lns
+
+        return lns.run(problem, inc, scale, deadline, stop, workers, seed, deterministic, notes), False
+    from . import milp
+
+    return milp.run(problem, inc, deadline, stop, notes)

@@ -1,0 +1,104 @@
+"""Between plans (float milliseconds) and solver solutions (integer ticks).
+
+A solution becomes a plan in two ways, both validated: the solver's own times (true durations from
+the same starts; always valid under `Scale`'s rounding) and the ASAP re-timing of its lane orders
+(often a little shorter when ticks were rounded up, but it may pull an allocation earlier, so it is
+kept only when it validates and is faster).
+"""
+
+from __future__ import annotations
+
+from ..contract import Plan, Problem
+from ..ops import Choice, Kind, Op, choices_from_ops, duration, lane_of
+from ..simulator import DeviceOrder, Schedule, Timing, build_plan, schedule_from_plan, simulate
+from ..validator import validate_plan
+from .scaling import Scale
+
+
+def schedule_of(problem: Problem, times: dict[Op, tuple[float, float]]) -> Schedule:
+    """Lane orders by start time (ties: the earlier end first, so zero-length ops do not overtake)."""
+    orders = [DeviceOrder() for _ in range(problem.num_devices)]
+    for op in sorted(times, key=lambda o: (times[o][0], times[o][1], o.kind.value, o.stage, o.mb)):
+        orders[problem.stages[op.stage].device].lane(lane_of(op.kind)).append(op)
+    return Schedule(orders)
+
+
+def plan_from_ticks(problem: Problem, starts: dict[Op, int], choices: dict[tuple[int, int], Choice],
+                    scale: Scale, method: str, key: str, solver_bound_ms: float | None = None) -> Plan | None:
+    """The best valid plan from a solution's integer starts, or None if neither form validates."""
+    t0 = min(starts.values())
+    times = {op: ((s - t0) / scale.time_scale, (s - t0) / scale.time_scale + duration(problem, op))
+             for op, s in starts.items()}
+    schedule = schedule_of(problem, times)
+    candidates = []
+    exact = build_plan(problem, schedule, Timing(times, choices), method, key,
+                       solver_bound_ms=_bound(solver_bound_ms, problem, times))
+    if not validate_plan(problem, exact, key):
+        candidates.append(exact)
+    try:
+        sched = schedule_from_plan(exact)
+        timing = simulate(problem, sched)
+        if timing.makespan < exact.makespan_ms - 1e-9:
+            asap = build_plan(problem, sched, timing, method, key,
+                              solver_bound_ms=_bound(solver_bound_ms, problem, timing.times))
+            if not validate_plan(problem, asap, key):
+                candidates.append(asap)
+    except ValueError:
+        pass
+    return min(candidates, key=lambda p: p.makespan_ms, default=None)
+
+
+def _bound(bound: float | None, problem: Problem, times) -> float | None:
+    if bound is None:
+        return None
+    makespan = max(e for _, e in times.values()) - min(s for s, _ in times.values())
+    return min(bound, makespan)
+
+
+def plan_times(plan: Plan, split: bool, problem: Problem) -> tuple[dict[Op, tuple[float, float]], dict]:
+    """Op times of a plan; a BW becomes B then W at once when splitting is allowed (same timing,
+    memory freed no later), which is the form the CP-SAT model uses."""
+    times: dict[Op, tuple[float, float]] = {}
+    for dp in plan.devices:
+        for pop in dp.ops:
+            op = Op(Kind(pop.kind), pop.stage, pop.mb)
+            if split and op.kind is Kind.BW:
+                mid = pop.start_ms + duration(problem, Op(Kind.B, op.stage, op.mb))
+                times[Op(Kind.B, op.stage, op.mb)] = (pop.start_ms, mid)
+                times[Op(Kind.W, op.stage, op.mb)] = (mid, pop.end_ms)
+            else:
+                times[op] = (pop.start_ms, pop.end_ms)
+    t0 = min(s for s, _ in times.values())
+    times = {op: (s - t0, e - t0) for op, (s, e) in times.items()}
+    choices, errors = choices_from_ops(problem, list(times))
+    if errors:
+        raise ValueError("; ".join(errors[:5]))
+    return times, choices
+
+
+def ticks_of_plan(problem: Problem, plan: Plan, scale: Scale) -> tuple[dict[Op, int], dict]:
+    """Integer starts for a plan: its own times when the scale is exact, else its orders re-timed
+    ASAP with the rounded-up tick durations (which keeps every precedence and lane order)."""
+    split = problem.options.split_backward
+    times, choices = plan_times(plan, split, problem)
+    if scale.time_exact:
+        return {op: round(s * scale.time_scale) for op, (s, _) in times.items()}, choices
+    scaled = _tick_problem(problem, scale)
+    base = build_plan(problem, schedule_of(problem, times), Timing(times, choices), "hint", plan.problem_key)
+    timing = simulate(scaled, schedule_from_plan(base))
+    return {op: round(s) for op, (s, _) in timing.times.items()}, choices
+
+
+def _tick_problem(problem: Problem, scale: Scale) -> Problem:
+    """The problem with every duration replaced by its tick count (for integer ASAP timing)."""
+    split = problem.options.split_backward
+    stages = []
+    for s in problem.stages:
+        bi = scale.t(s.backward_input_ms) if split else scale.t(s.backward_input_ms + s.backward_weight_ms)
+        stages.append(s.model_copy(update={
+            "forward_ms": float(scale.t(s.forward_ms)), "backward_input_ms": float(bi),
+            "backward_weight_ms": float(scale.t(s.backward_weight_ms)) if split else 0.0,
+            "recompute_ms": float(scale.t(s.recompute_ms or 0.0)),
+            "offload_ms": float(scale.t(s.offload_ms or 0.0)), "reload_ms": float(scale.t(s.reload_ms or 0.0)),
+        }))
+    return problem.model_copy(update={"stages": stages, "p2p_ms": float(scale.t(problem.p2p_ms))})

@@ -1,0 +1,299 @@
+"""The CP-SAT model of CONTRACT.md (DESIGN.md §3: intervals, no-overlap per lane, cumulative memory).
+
+Per (stage k, microbatch i): F, the backward (B then W when splitting is allowed, else BW), and,
+where the options and a finite memory limit allow, an optional OFFLOAD/RELOAD pair or an optional
+RECOMPUTE, chosen by literals. When splitting is allowed every backward is split: B followed at once
+by W has BW's timing and frees memory no later, so BW never helps the makespan.
+
+Memory is a cumulative over *live* intervals (never the reservoir constraint, which presolve expands
+into tens of thousands of Booleans): the activation held by (k, i) is cut into pieces, each a
+non-negative amount held from one op's start to another's end, with one set of pieces per mode
+(plain, offloaded, recomputed) made optional on that mode's literal. The pieces sum exactly to the
+contract's memory deltas (see `_pieces`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from ..contract import Problem
+from ..ops import Choice, Kind, Op
+from .scaling import Scale
+
+
+@dataclass
+class PairVars:
+    """Variables of one (stage, microbatch)."""
+
+    f: cp_model.IntVar
+    b: cp_model.IntVar
+    w: cp_model.IntVar | None = None
+    off: cp_model.IntVar | None = None
+    o: cp_model.IntVar | None = None
+    r: cp_model.IntVar | None = None
+    rc: cp_model.IntVar | None = None
+    c: cp_model.IntVar | None = None
+    plain: object = None  # literal of "neither offloaded nor recomputed" (or None: always plain)
+    sizes: list[tuple[cp_model.IntVar, object, object]] = field(default_factory=list)  # (size, start, end)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    fifo: bool = False  # every stage runs F, B and W in microbatch order (a restriction, no proof)
+    offload: bool = True
+    recompute: bool = True
+
+
+class CpsatModel:
+    """Builds the model; `hint`, `fix_outside` and `read` speak in ops and integer ticks."""
+
+    def __init__(self, problem: Problem, scale: Scale, horizon: int, lower: int = 0,
+                 options: ModelOptions = ModelOptions()):
+        self.p = problem
+        self.sc = scale
+        self.h = horizon
+        self.opt = options
+        self.model = cp_model.CpModel()
+        self.split = problem.options.split_backward
+        S, M = problem.num_stages, problem.num_microbatches
+        st = problem.stages
+        t = scale.t
+        self.dF = [t(s.forward_ms) for s in st]
+        self.dB = [t(s.backward_input_ms) if self.split else t(s.backward_input_ms + s.backward_weight_ms)
+                   for s in st]
+        self.dW = [t(s.backward_weight_ms) for s in st]
+        self.dO = [t(s.offload_ms or 0.0) for s in st]
+        self.dR = [t(s.reload_ms or 0.0) for s in st]
+        self.dC = [t(s.recompute_ms or 0.0) for s in st]
+        self.link = [t(problem.link_ms(k, k + 1)) for k in range(S - 1)]
+        finite = [problem.limit_of(d) != float("inf") for d in range(problem.num_devices)]
+        self.finite = finite
+        self.can_off = [problem.options.offload and options.offload and finite[s.device]
+                        and (s.offloadable_mib or 0.0) > 0 for s in st]
+        self.can_rc = [problem.options.recompute and options.recompute and finite[s.device]
+                       and s.checkpoint_mib < s.activation_mib for s in st]
+        self.v: dict[tuple[int, int], PairVars] = {}
+        self.lanes: dict[tuple[int, str], list] = {}
+        self.mem: dict[int, list[tuple[object, int]]] = {d: [] for d in range(problem.num_devices)}
+        m = self.model
+        for k in range(S):
+            for i in range(M):
+                self._pair(k, i)
+        for k in range(S):
+            for i in range(M):
+                pv = self.v[(k, i)]
+                if k > 0:
+                    m.add(pv.f >= self.v[(k - 1, i)].f + self.dF[k - 1] + self.link[k - 1])
+                if k + 1 < S:
+                    m.add(pv.b >= self.v[(k + 1, i)].b + self.dB[k + 1] + self.link[k])
+        for lane_ivs in self.lanes.values():
+            m.add_no_overlap(lane_ivs)
+        for d, pieces in self.mem.items():
+            if not finite[d] or not pieces:
+                continue
+            cap = scale.m(problem.limit_of(d) - problem.devices[d].static_mib)
+            m.add_cumulative([iv for iv, _ in pieces], [dem for _, dem in pieces], max(0, cap))
+        # Symmetry: microbatches are interchangeable, so stage 0's forwards may be taken in order.
+        for i in range(M - 1):
+            m.add(self.v[(0, i)].f + self.dF[0] <= self.v[(0, i + 1)].f)
+        if options.fifo:
+            for k in range(S):
+                for i in range(M - 1):
+                    a, b = self.v[(k, i)], self.v[(k, i + 1)]
+                    m.add(a.f + self.dF[k] <= b.f)
+                    m.add(a.b + self.dB[k] <= b.b)
+                    if self.split:
+                        m.add(a.w + self.dW[k] <= b.w)
+        self.makespan = m.new_int_var(max(0, lower), horizon, "makespan")
+        for (k, i), pv in self.v.items():
+            m.add(self.makespan >= self._wend(k, pv))
+        m.minimize(self.makespan)
+
+    # -- construction ------------------------------------------------------------------------------
+    def _wend(self, k: int, pv: PairVars):
+        return pv.w + self.dW[k] if self.split else pv.b + self.dB[k]
+
+    def _lane(self, d: int, lane: str, iv) -> None:
+        self.lanes.setdefault((d, lane), []).append(iv)
+
+    def _pair(self, k: int, i: int) -> None:
+        m, h = self.model, self.h
+        d = self.p.stages[k].device
+        name = f"{k}_{i}"
+        f = m.new_int_var(0, h, f"f{name}")
+        b = m.new_int_var(0, h, f"b{name}")
+        pv = PairVars(f=f, b=b)
+        self.v[(k, i)] = pv
+        self._lane(d, "c", m.new_fixed_size_interval_var(f, self.dF[k], f"F{name}"))
+        self._lane(d, "c", m.new_fixed_size_interval_var(b, self.dB[k], f"B{name}"))
+        m.add(b >= f + self.dF[k])
+        if self.split:
+            pv.w = m.new_int_var(0, h, f"w{name}")
+            self._lane(d, "c", m.new_fixed_size_interval_var(pv.w, self.dW[k], f"W{name}"))
+            m.add(pv.w >= b + self.dB[k])
+        modes = []
+        if self.can_off[k]:
+            pv.off = m.new_bool_var(f"off{name}")
+            pv.o = m.new_int_var(0, h, f"o{name}")
+            pv.r = m.new_int_var(0, h, f"r{name}")
+            self._lane(d, "d2h", m.new_optional_fixed_size_interval_var(pv.o, self.dO[k], pv.off, f"O{name}"))
+            self._lane(d, "h2d", m.new_optional_fixed_size_interval_var(pv.r, self.dR[k], pv.off, f"R{name}"))
+            m.add(pv.o >= f + self.dF[k])
+            m.add(pv.r >= pv.o + self.dO[k])
+            m.add(b >= pv.r + self.dR[k]).only_enforce_if(pv.off)
+            m.add(pv.o == f + self.dF[k]).only_enforce_if(~pv.off)
+            m.add(pv.r == pv.o + self.dO[k]).only_enforce_if(~pv.off)
+            modes.append(pv.off)
+        if self.can_rc[k]:
+            pv.rc = m.new_bool_var(f"rc{name}")
+            pv.c = m.new_int_var(0, h, f"c{name}")
+            self._lane(d, "c", m.new_optional_fixed_size_interval_var(pv.c, self.dC[k], pv.rc, f"C{name}"))
+            m.add(pv.c >= f + self.dF[k])
+            m.add(b >= pv.c + self.dC[k]).only_enforce_if(pv.rc)
+            m.add(pv.c == f + self.dF[k]).only_enforce_if(~pv.rc)
+            modes.append(pv.rc)
+        if len(modes) == 2:
+            pv.plain = m.new_bool_var(f"plain{name}")
+            m.add(pv.plain + pv.off + pv.rc == 1)
+        elif len(modes) == 1:
+            pv.plain = ~modes[0]
+        if self.finite[d]:
+            self._memory(k, i, pv)
+
+    def _pieces(self, k: int, pv: PairVars) -> list[tuple[object, object, int, object]]:
+        """(start, end, demand, presence) pieces whose sum is (k, i)'s live activation memory.
+
+        Level over time, per mode (a = activation, g = weight-grad part, o = offloadable, c = checkpoint;
+        bend/wend = ends of B and W): plain a on [F, bend), g on [bend, wend); offloaded as plain but
+        a - o on [OFFLOAD end, RELOAD start); recomputed c on [F, RECOMPUTE start), then as plain.
+        """
+        s = self.p.stages[k]
+        sm = self.sc.m
+        a, g = sm(s.activation_mib), sm(s.weight_grad_mib) if self.split else 0
+        f = (pv.f, 0)
+        bend = (pv.b, self.dB[k])
+        wend = (pv.w, self.dW[k]) if self.split else bend
+        out = [(f, bend, a - g, pv.plain), (f, wend, g, pv.plain)]
+        if pv.off is not None:
+            r = a - sm(s.offloadable_mib or 0.0)
+            lo, oend, rs = min(r, g), (pv.o, self.dO[k]), (pv.r, 0)
+            out += [(f, wend, lo, pv.off), (f, bend, r - lo, pv.off),
+                    (f, oend, g - lo, pv.off), (rs, wend, g - lo, pv.off),
+                    (f, oend, a - max(r, g), pv.off), (rs, bend, a - max(r, g), pv.off)]
+        if pv.rc is not None:
+            c = sm(s.checkpoint_mib)
+            lo, cs = min(c, g), (pv.c, 0)
+            out += [(f, wend, lo, pv.rc), (f, bend, c - lo, pv.rc),
+                    (cs, wend, g - lo, pv.rc), (cs, bend, a - max(c, g), pv.rc)]
+        return [p for p in out if p[2] > 0]
+
+    def _memory(self, k: int, i: int, pv: PairVars) -> None:
+        m, d = self.model, self.p.stages[k].device
+        for n, (start, end, demand, lit) in enumerate(self._pieces(k, pv)):
+            size = m.new_int_var(0, self.h, f"m{k}_{i}_{n}")
+            s_expr, e_expr = start[0] + start[1], end[0] + end[1]
+            if lit is None:
+                iv = m.new_interval_var(s_expr, size, e_expr, f"L{k}_{i}_{n}")
+            else:
+                iv = m.new_optional_interval_var(s_expr, size, e_expr, lit, f"L{k}_{i}_{n}")
+            pv.sizes.append((size, start, end))
+            self.mem[d].append((iv, demand))
+
+    # -- hints, neighbourhoods, solutions -----------------------------------------------------------
+    def start_vars(self, k: int, i: int) -> dict[Kind, cp_model.IntVar]:
+        pv = self.v[(k, i)]
+        out = {Kind.F: pv.f, (Kind.B if self.split else Kind.BW): pv.b}
+        if self.split:
+            out[Kind.W] = pv.w
+        if pv.off is not None:
+            out[Kind.OFFLOAD], out[Kind.RELOAD] = pv.o, pv.r
+        if pv.rc is not None:
+            out[Kind.RECOMPUTE] = pv.c
+        return out
+
+    def assignment(self, starts: dict[Op, int], choices: dict[tuple[int, int], Choice]) -> dict | None:
+        """Complete variable values for integer `starts` (None when the op set does not fit the model)."""
+        vals: dict = {}
+        for (k, i), pv in self.v.items():
+            ch = choices[(k, i)]
+            if (ch.offload and pv.off is None) or (ch.recompute and pv.rc is None):
+                return None
+            vals[pv.f] = starts[Op(Kind.F, k, i)]
+            vals[pv.b] = starts[Op(Kind.B if self.split else Kind.BW, k, i)]
+            if self.split:
+                vals[pv.w] = starts[Op(Kind.W, k, i)]
+            if pv.off is not None:
+                vals[pv.off] = int(ch.offload)
+                vals[pv.o] = starts[Op(Kind.OFFLOAD, k, i)] if ch.offload else vals[pv.f] + self.dF[k]
+                vals[pv.r] = starts[Op(Kind.RELOAD, k, i)] if ch.offload else vals[pv.o] + self.dO[k]
+            if pv.rc is not None:
+                vals[pv.rc] = int(ch.recompute)
+                vals[pv.c] = starts[Op(Kind.RECOMPUTE, k, i)] if ch.recompute else vals[pv.f] + self.dF[k]
+            if pv.plain is not None and isinstance(pv.plain, cp_model.IntVar):
+                vals[pv.plain] = int(not ch.offload and not ch.recompute)
+            for size, start, end in pv.sizes:
+                vals[size] = max(0, _eval(end, vals) - _eval(start, vals))
+        vals[self.makespan] = max(vals[pv.w] + self.dW[k] if self.split else vals[pv.b] + self.dB[k]
+                                  for (k, _), pv in self.v.items())
+        return vals
+
+    def hint(self, vals: dict) -> None:
+        self.model.clear_hints()
+        for var, value in vals.items():
+            self.model.add_hint(var, int(value))
+
+    def fix_outside(self, free: set[tuple[int, int]], starts: dict[Op, int],
+                    choices: dict[tuple[int, int], Choice]) -> None:
+        """Large-neighbourhood step: ops of pairs outside `free` keep their choices and, per lane,
+        their relative order; only their times may move. Pairs in `free` are unconstrained."""
+        m = self.model
+        for (k, i), pv in self.v.items():
+            if (k, i) in free:
+                continue
+            ch = choices[(k, i)]
+            if pv.off is not None:
+                m.add(pv.off == int(ch.offload))
+            if pv.rc is not None:
+                m.add(pv.rc == int(ch.recompute))
+        lanes: dict[tuple[int, str], list[tuple[int, object, int]]] = {}
+        for op, s in starts.items():
+            if (op.stage, op.mb) in free:
+                continue
+            var = self.start_vars(op.stage, op.mb)[op.kind]
+            lane = "d2h" if op.kind is Kind.OFFLOAD else "h2d" if op.kind is Kind.RELOAD else "c"
+            lanes.setdefault((self.p.stages[op.stage].device, lane), []).append((s, var, self._dur(op)))
+        for seq in lanes.values():
+            seq.sort(key=lambda x: x[0])
+            for (_, va, da), (_, vb, _) in zip(seq, seq[1:]):
+                m.add(vb >= va + da)
+
+    def _dur(self, op: Op) -> int:
+        k = op.stage
+        return {Kind.F: self.dF, Kind.B: self.dB, Kind.BW: self.dB, Kind.W: self.dW, Kind.OFFLOAD: self.dO,
+                Kind.RELOAD: self.dR, Kind.RECOMPUTE: self.dC}[op.kind][k]
+
+    def read(self, value, boolean) -> tuple[dict[Op, int], dict[tuple[int, int], Choice]]:
+        """Integer op starts and choices from a solution (`value`/`boolean`: a solver or callback)."""
+        starts: dict[Op, int] = {}
+        choices: dict[tuple[int, int], Choice] = {}
+        for (k, i), pv in self.v.items():
+            off = pv.off is not None and boolean(pv.off)
+            rc = pv.rc is not None and boolean(pv.rc)
+            choices[(k, i)] = Choice(self.split, off, rc)
+            starts[Op(Kind.F, k, i)] = value(pv.f)
+            starts[Op(Kind.B if self.split else Kind.BW, k, i)] = value(pv.b)
+            if self.split:
+                starts[Op(Kind.W, k, i)] = value(pv.w)
+            if off:
+                starts[Op(Kind.OFFLOAD, k, i)] = value(pv.o)
+                starts[Op(Kind.RELOAD, k, i)] = value(pv.r)
+            if rc:
+                starts[Op(Kind.RECOMPUTE, k, i)] = value(pv.c)
+        return starts, choices
+
+
+def _eval(term: tuple, vals: dict) -> int:
+    """Value of a (var, offset) pair under `vals`."""
+    return int(vals[term[0]]) + term[1]

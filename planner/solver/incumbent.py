@@ -1,0 +1,62 @@
+"""The best plan so far, shared by every engine of one solve: only strictly better, validated plans
+get in, and the caller's callback can never break the solve."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from ..contract import Plan, Problem
+from ..validator import validate_plan
+
+log = logging.getLogger(__name__)
+
+EPS_MS = 1e-6
+
+
+class Incumbent:
+    def __init__(self, problem: Problem, key: str, on_improvement: Callable[[Plan], None] | None,
+                 started: float | None = None):
+        self.problem = problem
+        self.key = key
+        self.on_improvement = on_improvement
+        self.started = time.monotonic() if started is None else started
+        self.plan: Plan | None = None
+        self.ticks = None  # (starts, choices) in the current engine's integer units, when known
+        self.history: list[tuple[float, float]] = []  # (elapsed s, makespan ms)
+        self.first_at: float | None = None
+        self.callback_errors = 0
+        self.rejected = 0
+        self._lock = threading.Lock()
+
+    @property
+    def makespan(self) -> float:
+        return self.plan.makespan_ms if self.plan else float("inf")
+
+    def offer(self, plan: Plan | None, ticks=None) -> bool:
+        """Take `plan` if it is valid and strictly faster; tell the caller. Never raises."""
+        if plan is None:
+            return False
+        with self._lock:
+            if plan.makespan_ms >= self.makespan - EPS_MS:
+                return False
+            violations = validate_plan(self.problem, plan, self.key)
+            if violations:
+                self.rejected += 1
+                log.warning("solver plan rejected: %s", violations[:3])
+                return False
+            self.plan = plan
+            self.ticks = ticks
+            elapsed = time.monotonic() - self.started
+            self.history.append((elapsed, plan.makespan_ms))
+            if self.first_at is None:
+                self.first_at = elapsed
+        if self.on_improvement is not None:
+            try:
+                self.on_improvement(plan)
+            except Exception:  # noqa: BLE001 - a caller's bug must not end the solve
+                self.callback_errors += 1
+                log.exception("on_improvement callback raised; solving continues")
+        return True
