@@ -29,8 +29,9 @@ def backward_tail(problem: Problem, k: int) -> float:
 def first_backward_start(problem: Problem, k: int) -> float:
     """Earliest start of any backward of stage k: full forward chain, then backwards S-1..k+1."""
     last = problem.num_stages - 1
-    return (forward_head(problem, last) + problem.stages[last].forward_ms
-            + backward_tail(problem, last) - backward_tail(problem, k))
+    # backwards of stages last..k+1, each followed by its link down to the stage below
+    down = sum(_backward_ms(problem, j) + problem.link_ms(j, j - 1) for j in range(k + 1, last + 1))
+    return forward_head(problem, last) + problem.stages[last].forward_ms + down
 
 
 def lower_bound(problem: Problem) -> float:
