@@ -107,13 +107,14 @@ def serialized(problem: Problem) -> Schedule:
                     gates.append(Gate(Op(Kind.F, k + 1, i), Op(Kind.OFFLOAD, k, i), at_end=True))
         for k in reversed(range(s)):
             d = problem.stages[k].device
+            # reload / recompute only once this device's later stages have freed their memory
+            freed = [_backward(problem, j, i)[-1] for j in range(k + 1, s) if problem.stages[j].device == d]
             if mode[k] == "offload":
                 orders[d].h2d.append(Op(Kind.RELOAD, k, i))
-                if k + 1 < s:  # reload only once the later stages have freed their memory
-                    gates.append(Gate(Op(Kind.RELOAD, k, i), _backward(problem, k + 1, i)[-1], at_end=True))
+                gates += [Gate(Op(Kind.RELOAD, k, i), op, at_end=True) for op in freed]
             if mode[k] == "recompute":
                 orders[d].compute.append(Op(Kind.RECOMPUTE, k, i))
-                if k + 1 < s:  # recompute just in time, not right after the forward
+                if k + 1 < s:  # just in time, not right after the forward
                     gates.append(Gate(Op(Kind.RECOMPUTE, k, i), _backward(problem, k + 1, i)[0], at_end=True))
             orders[d].compute += _backward(problem, k, i)
         if i + 1 < m:  # the next microbatch starts when this one is completely done

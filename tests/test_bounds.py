@@ -1,0 +1,126 @@
+"""Lower bound on the makespan and minimum memory: sound on every simulated plan, and tight where proved."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core_schedules import gpipe, make_problem, one_f_one_b, plan_of, serialized
+from planner.bounds import MemoryInfeasibleError, check_memory_feasible, lower_bound, min_memory
+from planner.contract import Problem
+from planner.validator import validate_plan
+
+durations = st.floats(min_value=0.1, max_value=5.0, allow_nan=False).map(lambda x: round(x, 3))
+sizes = st.floats(min_value=1.0, max_value=1000.0).map(lambda x: round(x, 1))
+
+
+@st.composite
+def problems(draw) -> Problem:
+    p = draw(st.integers(1, 4))
+    chunks = draw(st.integers(1, 2))
+    placement = draw(st.sampled_from(["loop", "v"]))
+    options = {name: draw(st.booleans()) for name in ("split_backward", "offload", "recompute")}
+    stages = []
+    for k in range(p * chunks):
+        c, r = divmod(k, p)
+        activation = draw(sizes)
+        stage = {
+            "device": p - 1 - r if placement == "v" and c % 2 else r,
+            "forward_ms": draw(durations), "backward_input_ms": draw(durations),
+            "backward_weight_ms": draw(st.sampled_from([0.0, 0.5])) or draw(durations),
+            "recompute_ms": draw(durations), "offload_ms": draw(durations),
+            "activation_mib": activation,
+            "offloadable_mib": round(activation * draw(st.floats(0, 1)), 1),
+            "checkpoint_mib": round(activation * draw(st.floats(0, 1)), 1),
+            "weight_grad_mib": round(activation * draw(st.floats(0, 1)), 1),
+        }
+        stages.append(stage)
+    return Problem.model_validate({
+        "num_devices": p, "num_microbatches": draw(st.integers(1, 5)),
+        "p2p_ms": draw(st.sampled_from([0.0, 0.05, 0.7])), "options": options, "stages": stages,
+        "devices": [{"static_mib": draw(st.sampled_from([0.0, 1000.0]))} for _ in range(p)],
+    })
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_bounds_hold_on_simulated_plans(problem):
+    """No valid plan beats lower_bound or min_memory; the serialized schedule reaches min_memory."""
+    schedules = [serialized] + ([one_f_one_b, gpipe] if problem.chunks == 1 else [])
+    bound, needed = lower_bound(problem), min_memory(problem)
+    for schedule in schedules:
+        plan = plan_of(problem, schedule(problem))
+        assert validate_plan(problem, plan) == []
+        assert plan.makespan_ms >= bound - 1e-9
+        assert plan.lower_bound_ms == pytest.approx(bound)
+        assert all(peak >= n - 1e-6 for peak, n in zip(plan.peak_memory_mib, needed))
+        if schedule is serialized:
+            assert plan.peak_memory_mib == pytest.approx(needed)
+
+
+@pytest.mark.parametrize("p, m", [(2, 2), (4, 8), (8, 32)])
+def test_lower_bound_tight_for_uniform_one_f_one_b(p, m):
+    """Uniform stages, fused backward: 1F1B's (M+P-1)(F+B+W) is optimal, and the bound says so."""
+    problem = make_problem(p=p, m=m, split=False)
+    assert lower_bound(problem) == pytest.approx((m + p - 1) * 3.0)
+    assert plan_of(problem, one_f_one_b(problem)).makespan_ms == pytest.approx(lower_bound(problem))
+
+
+def test_lower_bound_hand_values():
+    # one device: all the work, nothing else
+    assert lower_bound(make_problem(p=1, m=4, f=1.0, b=2.0, w=0.5)) == pytest.approx(14.0)
+    # one microbatch, 2 devices, link 0.5: F 1 + link + F 1 + B 1 + link + B 1 + W 1 = 6
+    assert lower_bound(make_problem(p=2, m=1, p2p=0.5)) == pytest.approx(6.0)
+    # uniform split backward, P=4, M=8: the last device cannot start before 3 forwards and then has
+    # 8 x 3 of work (27); ZB-H1 reaches it (DESIGN.md: uni P=4 M=8 ZB-H1 = 27).
+    assert lower_bound(make_problem(p=4, m=8)) == pytest.approx(27.0)
+
+
+def test_min_memory_hand_values():
+    # one stage per device: one activation, whatever the options
+    assert min_memory(make_problem(p=2, m=4, static=1000.0, offload=True)) == [1100.0, 1100.0]
+    # V placement on 2 devices: device 0 holds stages 0 and 3; stage 0 waits at its residue
+    assert min_memory(make_problem(p=2, m=2, chunks=2, placement="v")) == [200.0, 200.0]
+    assert min_memory(make_problem(p=2, m=2, chunks=2, placement="v", offload=True)) == [120.0, 120.0]
+    assert min_memory(make_problem(p=2, m=2, chunks=2, placement="v", recompute=True)) == [110.0, 110.0]
+    both = make_problem(p=2, m=2, chunks=2, placement="v", recompute=True, offload=True)
+    assert min_memory(both) == [110.0, 110.0]
+
+
+def test_min_memory_is_tight_at_the_limit():
+    """A limit equal to min_memory admits a valid plan (the serialized one); 1 MiB less admits none."""
+    free = make_problem(p=2, m=3, chunks=2, placement="v", offload=True, static=500.0)
+    needed = min_memory(free)
+    exact = make_problem(p=2, m=3, chunks=2, placement="v", offload=True, static=500.0, limit=max(needed))
+    assert check_memory_feasible(exact) == needed
+    assert validate_plan(exact, plan_of(exact, serialized(exact))) == []
+    short = make_problem(p=2, m=3, chunks=2, placement="v", offload=True, static=500.0, limit=max(needed) - 1)
+    with pytest.raises(MemoryInfeasibleError) as info:
+        check_memory_feasible(short)
+    error = info.value
+    assert "device 0 needs at least 620.0 MiB but its limit is 619.0 MiB" in str(error)
+    assert "device 1 needs at least 620.0 MiB" in str(error)
+    assert error.needed_mib == [620.0, 620.0]
+    doc = error.to_dict()
+    assert doc["error"] == "infeasible" and doc["min_memory_mib"] == [620.0, 620.0]
+    assert doc["memory_limit_mib"] == [619.0, 619.0]
+
+
+def test_infeasible_names_only_the_short_device():
+    doc = make_problem(p=2, m=2, static=100.0).model_dump()
+    doc["devices"][1]["memory_limit_mib"] = 150.0
+    with pytest.raises(MemoryInfeasibleError) as info:
+        check_memory_feasible(Problem.model_validate(doc))
+    assert str(info.value) == "infeasible memory budget: device 1 needs at least 200.0 MiB but its limit is 150.0 MiB"
+
+
+def test_lower_bound_uneven_stages_one_microbatch():
+    """Regression: the backward chain above stage k counted stage k's own backward instead of stage
+    S-1's, so unequal stages gave a 'bound' above an achievable makespan (6.0 > 5.5 here)."""
+    doc = make_problem(p=2, m=1, split=False).model_dump()
+    doc["stages"][0].update(backward_input_ms=1.0, backward_weight_ms=1.0)  # BW 2.0
+    doc["stages"][1].update(backward_input_ms=1.0, backward_weight_ms=0.5)  # BW 1.5
+    problem = Problem.model_validate(doc)
+    assert lower_bound(problem) == pytest.approx(5.5)  # F0 + F1 + BW1 + BW0
+    assert plan_of(problem, one_f_one_b(problem)).makespan_ms == pytest.approx(5.5)
