@@ -108,7 +108,9 @@ def serialized(problem: Problem) -> Schedule:
         for k in reversed(range(s)):
             d = problem.stages[k].device
             # reload / recompute only once this device's later stages have freed their memory
+            # (and just in time: after the backward it waits for)
             freed = [_backward(problem, j, i)[-1] for j in range(k + 1, s) if problem.stages[j].device == d]
+            freed += [_backward(problem, k + 1, i)[0]] if k + 1 < s else []
             if mode[k] == "offload":
                 orders[d].h2d.append(Op(Kind.RELOAD, k, i))
                 gates += [Gate(Op(Kind.RELOAD, k, i), op, at_end=True) for op in freed]
