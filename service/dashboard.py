@@ -1,0 +1,347 @@
+"""The cache dashboard at /dashboard: server-rendered pages, HTML fragments for live updates, SSE.
+
+Pages are plain `def` endpoints (blocking SQL runs in the thread pool). The browser keeps one
+EventSource open; each event makes it re-fetch only the server-rendered fragment that changed (one
+overview row, or the plan panels), so all rendering lives in the templates and `dashboard_views`.
+
+The app factory includes `router` when this module imports; everything it needs from the app is
+read from `app.state.pipeplan` (the service's ServiceState: repository, event hub, settings) by
+`_repo` / `_hub` below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from fastapi.templating import Jinja2Templates
+from starlette.concurrency import run_in_threadpool
+
+from planner.contract import Plan, Problem
+
+from . import dashboard_data as data
+from . import dashboard_views as views
+
+PREFIX = "/dashboard"
+HERE = Path(__file__).resolve().parent
+STATIC_DIR = HERE / "static" / "dashboard"
+STATIC_FILES = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
+JOB_STATES = ("queued", "solving", "converged", "failed", "cancelled")
+PER_PAGE_CHOICES = (25, 50, 100, 200)
+ONE_F_ONE_B_BUDGET_S = 0.25  # per overview request; the rest of the page's 1F1B figures load after
+KEEPALIVE_S = 15.0
+RECHECK_S = 5.0  # pub/sub is at-most-once: SSE streams re-read the database this often
+
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+router = APIRouter(prefix=PREFIX, tags=["dashboard"], include_in_schema=False)
+
+BASELINES = data.BaselineCache()
+RENDERS = data.RenderCache()
+ASSET_VERSION = str(int(max((STATIC_DIR / n).stat().st_mtime for n in STATIC_FILES)))
+
+# Columns of the overview table: label, sort key understood by Repository.list_plans (None: not
+# sortable server-side), numeric alignment.
+COLUMNS = [
+    ("Key", None, False), ("Configuration", "num_devices", False), ("Makespan", "makespan_ms", True),
+    ("Lower bound", None, True), ("Gap", "gap", True), ("Bubble", "bubble_ratio", True),
+    ("vs 1F1B", None, True), ("Rev", "revision", True), ("Refine job", None, False),
+    ("Last improvement", "updated_at", False),
+]
+
+
+# -- what we need from the app ----------------------------------------------------------------------
+
+def _state_attr(request: Request, *names: str) -> Any:
+    """`app.state.pipeplan.<name>` (the service's ServiceState), else `app.state.<name>`."""
+    for state in (getattr(request.app.state, "pipeplan", None), request.app.state):
+        for name in names:
+            value = getattr(state, name, None) if state is not None else None
+            if value is not None:
+                return value
+    return None
+
+
+def _repo(request: Request):
+    repo = _state_attr(request, "repo")
+    if repo is None:
+        raise HTTPException(503, "the plan cache is not ready")
+    return repo
+
+
+def _hub(request: Request):
+    return _state_attr(request, "hub")
+
+
+def _default_budget(request: Request) -> float:
+    settings = _state_attr(request, "settings")
+    return float(getattr(settings, "default_time_budget_s", 60.0) or 60.0)
+
+
+def _ctx(request: Request, **values: Any) -> dict[str, Any]:
+    return {"base": PREFIX, "asset_version": ASSET_VERSION, **values}
+
+
+# -- static files ----------------------------------------------------------------------------------
+
+@router.get("/static/{name}")
+def static_file(name: str) -> FileResponse:
+    """Vendored CSS/JS only (no CDN); a fixed list, so no path from the URL reaches the disk."""
+    if name not in STATIC_FILES:
+        raise HTTPException(404, "no such file")
+    return FileResponse(STATIC_DIR / name, media_type=STATIC_FILES[name],
+                        headers={"Cache-Control": "public, max-age=3600"})
+
+
+# -- overview -----------------------------------------------------------------------------------------
+
+def _load_problem(repo) -> Any:
+    return lambda key: repo.get_problem(key)
+
+
+def _rows(repo, items: list[dict[str, Any]], budget_s: float) -> list[data.OverviewRow]:
+    keys = [item["problem_key"] for item in items]
+    figures = data.fill_one_f_one_b(BASELINES, keys, _load_problem(repo), budget_s)
+    now = datetime.now(timezone.utc)
+    return [data.overview_row(item, figures.get(item["problem_key"]), now) for item in items]
+
+
+@router.get("", response_class=HTMLResponse)
+def overview_noslash() -> RedirectResponse:
+    return RedirectResponse(PREFIX + "/", status_code=307)
+
+
+@router.get("/", response_class=HTMLResponse)
+def overview(
+    request: Request,
+    page: int = Query(1, ge=1),
+    per_page: int = Query(50, ge=1, le=500),
+    sort: str = Query("updated_at"),
+    dir: str = Query("desc", pattern="^(asc|desc)$"),
+    q: str | None = Query(None, max_length=100),
+    state: str | None = Query(None),
+) -> HTMLResponse:
+    started = time.perf_counter()
+    repo = _repo(request)
+    q = (q or "").strip() or None
+    state = state if state in JOB_STATES else None
+    sortable = {c[1] for c in COLUMNS if c[1]}
+    sort = sort if sort in sortable else "updated_at"
+    items, total = repo.list_plans(offset=(page - 1) * per_page, limit=per_page, sort=sort,
+                                   descending=dir == "desc", q=q, job_state=state)
+    pages = max(1, math.ceil(total / per_page))
+    rows = _rows(repo, items, ONE_F_ONE_B_BUDGET_S)
+    job_counts = sorted(repo.job_counts().items(), key=lambda kv: JOB_STATES.index(kv[0])
+                        if kv[0] in JOB_STATES else 99)
+
+    def href(**change: Any) -> str:
+        params = {"page": page, "per_page": per_page, "sort": sort, "dir": dir, "q": q or "", "state": state or ""}
+        params.update(change)
+        return f"{PREFIX}/?" + urlencode({k: v for k, v in params.items() if v not in ("", None)})
+
+    columns = []
+    for label, key, num in COLUMNS:
+        next_dir = "asc" if (key == sort and dir == "desc") else "desc"
+        columns.append({"label": label, "sort": key, "num": num,
+                        "href": href(sort=key, dir=next_dir, page=1) if key else ""})
+    first = (page - 1) * per_page + 1 if items else 0
+    return templates.TemplateResponse(request, "dashboard/overview.html", _ctx(
+        request, rows=rows, total=total, page=page, pages=pages, per_page=per_page, sort=sort, dir=dir,
+        q=q, state=state, states=JOB_STATES, per_page_choices=PER_PAGE_CHOICES, columns=columns,
+        page_links=data.page_links(page, pages), page_href=lambda p: href(page=p), first=first,
+        last=first + len(items) - 1 if items else 0, job_counts=job_counts,
+        render_ms=(time.perf_counter() - started) * 1000,
+    ))
+
+
+@router.get("/rows/{key}", response_class=HTMLResponse)
+def overview_row(request: Request, key: str) -> HTMLResponse:
+    """One overview `<tr>`, re-fetched by the page when an event names the key."""
+    repo = _repo(request)
+    item = _list_item(repo, key)
+    if item is None:
+        raise HTTPException(404, f"no cached plan with key {key}")
+    row = _rows(repo, [item], budget_s=30.0)[0]
+    macro = templates.env.get_template("dashboard/_row.html").module.row
+    return HTMLResponse(str(macro(row, PREFIX)))
+
+
+def _list_item(repo, key: str) -> dict[str, Any] | None:
+    """The listing's summary for one key (a key-prefix query on the primary key, one row)."""
+    items, _ = repo.list_plans(offset=0, limit=2, q=key)
+    return next((i for i in items if i["problem_key"] == key), None)
+
+
+# -- plan page ---------------------------------------------------------------------------------------
+
+def _load_plan(repo, key: str) -> tuple[Problem, Plan]:
+    problem = repo.get_problem(key)
+    plan = repo.best_plan(key) if problem is not None else None
+    if problem is None or plan is None:
+        raise HTTPException(404, f"no cached plan with key {key}")
+    return problem, plan
+
+
+def _live_ctx(request: Request, repo, key: str, problem: Problem, plan: Plan) -> dict[str, Any]:
+    charts = RENDERS.charts(key, problem, plan)
+    revisions = repo.revisions(key)
+    job = repo.job(key)
+    one = BASELINES.one_f_one_b_of(key, problem)
+    now = datetime.now(timezone.utc)
+    peak = max(plan.peak_memory_mib, default=0.0)
+    limits = [problem.limit_of(d) for d in range(problem.num_devices)]
+    headroom = min((lim - p for lim, p in zip(limits, plan.peak_memory_mib) if math.isfinite(lim)), default=None)
+    if job is None:
+        job_state, job_note = None, "no refine job"
+    else:
+        job_state = job.state
+        job_note = {"queued": "waiting for a worker",
+                    "solving": f"{job.used_s:.0f} of {job.budget_s:.0f} s used",
+                    "converged": f"done · {job.improvements} improvement{'s' if job.improvements != 1 else ''}",
+                    "failed": (job.error or "failed")[:80],
+                    "cancelled": "cancelled"}.get(job.state, job.state)
+    metrics = {
+        "makespan": views.fmt_ms(plan.makespan_ms),
+        "bound": views.fmt_ms(max(plan.lower_bound_ms, plan.solver_bound_ms or 0.0)),
+        "gap": views.fmt_pct(plan.gap),
+        "bubble": views.fmt_pct(plan.bubble_ratio),
+        "speedup": views.speedup_over(one.makespan_ms, plan.makespan_ms),
+        "speedup_note": (f"1F1B {views.fmt_ms(one.makespan_ms)} at same memory" if one.makespan_ms
+                         else (one.detail or one.note)),
+        "peak": views.fmt_mib(peak),
+        "peak_note": "no limits" if headroom is None else f"min headroom {views.fmt_mib(max(0.0, headroom))}",
+        "job_state": job_state,
+        "job_note": job_note,
+        "ops": charts["ops"],
+        "default_budget": int(_default_budget(request)),
+    }
+    points = data.revision_points(revisions)
+    rev_rows = [{"revision": p.revision, "makespan": views.fmt_ms(p.makespan_ms),
+                 "bound": views.fmt_ms(p.lower_bound_ms), "method": p.method,
+                 "when": views.fmt_age(p.created_at, now)} for p in points]
+    return {"key": key, "plan": plan, "m": metrics, "gantt": charts["gantt"], "memory": charts["memory"],
+            "legend": charts["legend"], "history": views.history_svg(points), "revisions": rev_rows}
+
+
+def _baseline_rows(key: str, problem: Problem, plan: Plan) -> tuple[list[dict[str, Any]], str]:
+    rows, note = BASELINES.table_of(key, problem)
+    entries = [{"name": "this plan", "makespan_ms": plan.makespan_ms,
+                "peak_mib": max(plan.peak_memory_mib, default=0.0), "reason": "", "this": True}]
+    entries += [{"name": r.name, "makespan_ms": r.makespan_ms, "peak_mib": r.peak_mib, "reason": r.reason,
+                 "this": False} for r in rows]
+    longest = max((e["makespan_ms"] for e in entries if e["makespan_ms"]), default=1.0)
+    out = []
+    for e in entries:
+        ms = e["makespan_ms"]
+        out.append({
+            "name": e["name"], "this": e["this"], "reason": e["reason"],
+            "makespan": views.fmt_ms(ms) if ms is not None else None,
+            "bar": 100.0 * ms / longest if ms else 0.0,
+            "ratio": ("—" if e["this"] else f"{ms / plan.makespan_ms:.2f}× longer" if ms > plan.makespan_ms * 1.0005
+                      else f"{plan.makespan_ms / ms:.2f}× of it" if ms < plan.makespan_ms * 0.9995 else "same")
+            if ms else "",
+            "peak": views.fmt_mib(e["peak_mib"]) if e["peak_mib"] is not None else "",
+        })
+    return (out if rows else []), note
+
+
+@router.get("/plans/{key}", response_class=HTMLResponse)
+def plan_page(request: Request, key: str) -> HTMLResponse:
+    repo = _repo(request)
+    problem, plan = _load_plan(repo, key)
+    baselines, note = _baseline_rows(key, problem, plan)
+    return templates.TemplateResponse(request, "dashboard/plan.html", _ctx(
+        request, summary=views.config_summary(problem), baselines=baselines, baselines_note=note,
+        chrome_trace_href=f"{PREFIX}/plans/{key}/trace.json",
+        **_live_ctx(request, repo, key, problem, plan),
+    ))
+
+
+@router.get("/plans/{key}/live", response_class=HTMLResponse)
+def plan_live(request: Request, key: str) -> HTMLResponse:
+    """The parts of the plan page that change with a new revision or job state."""
+    repo = _repo(request)
+    problem, plan = _load_plan(repo, key)
+    return templates.TemplateResponse(request, "dashboard/_plan_live.html",
+                                      _ctx(request, **_live_ctx(request, repo, key, problem, plan)))
+
+
+@router.get("/plans/{key}/trace.json")
+def plan_trace(request: Request, key: str) -> JSONResponse:
+    """Chrome trace of the best plan (planner.exports.chrome_trace), for chrome://tracing / Perfetto."""
+    from planner.exports import chrome_trace
+
+    problem, plan = _load_plan(_repo(request), key)
+    return JSONResponse(chrome_trace(problem, plan), headers={
+        "Content-Disposition": f'attachment; filename="trace-{key[:12]}-r{plan.revision}.json"'})
+
+
+# -- live events ----------------------------------------------------------------------------------------
+
+def _snapshot(repo, key: str) -> tuple[int | None, str | None]:
+    job = repo.job(key)
+    return repo.best_revision(key), (job.state if job else None)
+
+
+@router.get("/events", response_class=EventSourceResponse)
+async def events(request: Request, key: str | None = Query(None, max_length=64)):
+    """Revision and job-state events for one key, or for every key (the overview).
+
+    Messages come from the service's event hub; a per-key stream also re-reads the database every
+    few seconds, because pub/sub may drop a message and a missed state change must still show.
+    """
+    repo = _repo(request)
+    hub = _hub(request)
+    yield ServerSentEvent(comment="connected", retry=2000)
+    last = await run_in_threadpool(_snapshot, repo, key) if key else None
+    next_check = time.monotonic() + RECHECK_S
+    quiet_since = time.monotonic()
+    with _subscribe(hub, key or "*") as sub:
+        while True:
+            wait = KEEPALIVE_S if not key else max(0.05, min(KEEPALIVE_S, next_check - time.monotonic()))
+            message = await _next(sub, wait)
+            if message:
+                quiet_since = time.monotonic()
+                kind = message.get("type")
+                yield ServerSentEvent(event=kind if kind in ("revision", "job") else "message", data=message)
+                if key:  # the hub told us: do not announce the same change again from the re-check
+                    last = await run_in_threadpool(_snapshot, repo, key)
+                continue
+            if key and time.monotonic() >= next_check:
+                next_check = time.monotonic() + RECHECK_S
+                now = await run_in_threadpool(_snapshot, repo, key)
+                if now[0] != last[0]:
+                    yield ServerSentEvent(event="revision", data={"type": "revision", "key": key,
+                                                                  "revision": now[0]})
+                if now[1] != last[1]:
+                    yield ServerSentEvent(event="job", data={"type": "job", "key": key, "state": now[1]})
+                if now != last:
+                    last, quiet_since = now, time.monotonic()
+            if time.monotonic() - quiet_since >= KEEPALIVE_S:
+                quiet_since = time.monotonic()
+                yield ServerSentEvent(comment="keepalive")
+
+
+@contextmanager
+def _subscribe(hub, key: str):
+    """The hub's subscription, or None when the app has no hub (then only the re-check runs)."""
+    if hub is None:
+        yield None
+    else:
+        with hub.subscribe(key) as sub:
+            yield sub
+
+
+async def _next(sub, timeout: float) -> dict[str, Any] | None:
+    if sub is None:
+        await asyncio.sleep(timeout)
+        return None
+    return await sub.get(timeout)

@@ -1,0 +1,404 @@
+"""Pure renderers for the dashboard: plan v1 (+ its problem) in, SVG / display strings out.
+
+No I/O and no web framework here, so the charts are testable (and timeable) on their own and the
+router only fetches data. SVGs are built as joined strings, not through a template or a DOM: a
+10,000-op Gantt is one `<rect>` per op and building it this way takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from html import escape
+
+from planner.contract import Plan, Problem
+from planner.memory import TimedOp, memory_curve
+from planner.ops import Kind, Lane, Op, choices_from_ops, lane_of
+
+# Colour per op kind: the same table drives the SVG classes (CSS) and the legend.
+KIND_COLOURS: dict[str, str] = {
+    "F": "#4e79a7",
+    "B": "#59a14f",
+    "W": "#9fd38f",
+    "BW": "#2f8f83",
+    "RECOMPUTE": "#e15759",
+    "OFFLOAD": "#f28e2b",
+    "RELOAD": "#d4a017",
+}
+KIND_LABELS: dict[str, str] = {
+    "F": "forward",
+    "B": "backward (input)",
+    "W": "backward (weight)",
+    "BW": "backward (full)",
+    "RECOMPUTE": "recompute",
+    "OFFLOAD": "offload (D2H)",
+    "RELOAD": "reload (H2D)",
+}
+
+LABEL_W = 78  # left column of row labels, px
+CHART_W = 1100  # drawing width of the time axis, px
+AXIS_H = 22
+COMPUTE_H = 22
+COPY_H = 10
+DEVICE_GAP = 8
+MIN_BAR_W = 0.35  # a 1 µs op on a 100 ms plan still shows as a hairline
+LABEL_MIN_W = 13  # write the microbatch number inside bars at least this wide
+MAX_LABELLED_OPS = 3000  # beyond this, text labels cost more than they tell
+
+
+def _n(value: float) -> str:
+    """Shortest readable coordinate (2 decimals): keeps a 10k-op SVG small."""
+    text = f"{value:.2f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _t(value: float) -> str:
+    """Time in ms for data attributes / tooltips, µs precision."""
+    text = f"{value:.3f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+# -- display formatting ------------------------------------------------------------------------------
+
+def fmt_ms(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if value >= 10_000:
+        return f"{value / 1000:.2f} s"
+    if value >= 100:
+        return f"{value:.1f} ms"
+    return f"{value:.3g} ms" if value < 1 else f"{value:.2f} ms"
+
+
+def fmt_mib(value: float | None) -> str:
+    if value is None or math.isinf(value):
+        return "unlimited"
+    if value >= 1024:
+        return f"{value / 1024:.1f} GiB"
+    return f"{value:.0f} MiB"
+
+
+def fmt_pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f}%"
+
+
+def fmt_age(when: datetime | None, now: datetime) -> str:
+    """'42 s ago', '3 min ago', … — what an operator scanning a table wants."""
+    if when is None:
+        return "—"
+    if when.tzinfo is None and now.tzinfo is not None:
+        now = now.replace(tzinfo=None)
+    seconds = max(0.0, (now - when).total_seconds())
+    if seconds < 60:
+        return f"{seconds:.0f} s ago"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min ago"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f} h ago"
+    return f"{seconds / 86400:.0f} d ago"
+
+
+def memory_limit_summary(problem: Problem) -> str:
+    """One limit for the whole pipeline when the devices agree, else the range."""
+    limits = [d.memory_limit_mib for d in problem.devices]
+    if all(lim is None for lim in limits):
+        return "unlimited"
+    finite = [lim for lim in limits if lim is not None]
+    lo, hi = min(finite), max(finite)
+    if lo == hi and len(finite) == len(limits):
+        return fmt_mib(lo)
+    return f"{fmt_mib(lo)}–{fmt_mib(hi)}" + ("" if len(finite) == len(limits) else " / unlimited")
+
+
+def config_summary(problem: Problem) -> dict[str, str | int]:
+    """The model/hardware facts the overview shows per cached configuration."""
+    opts = problem.options
+    freedoms = [name for name, on in (("split", opts.split_backward), ("offload", opts.offload),
+                                      ("recompute", opts.recompute)) if on]
+    model = problem.metadata.get("model") if isinstance(problem.metadata, dict) else None
+    return {
+        "devices": problem.num_devices,
+        "microbatches": problem.num_microbatches,
+        "chunks": problem.chunks,
+        "memory": memory_limit_summary(problem),
+        "options": ", ".join(freedoms) or "none",
+        "model": str(model.get("name", "")) if isinstance(model, dict) else (str(model) if model else ""),
+    }
+
+
+def speedup_over(baseline_ms: float | None, makespan_ms: float) -> float | None:
+    if baseline_ms is None or makespan_ms <= 0:
+        return None
+    return baseline_ms / makespan_ms
+
+
+# -- axis helpers ------------------------------------------------------------------------------------
+
+def nice_step(span: float, target_ticks: int = 8) -> float:
+    """1/2/5 × 10^k step giving about `target_ticks` ticks over `span`."""
+    if span <= 0:
+        return 1.0
+    raw = span / target_ticks
+    mag = 10 ** math.floor(math.log10(raw))
+    for mult in (1, 2, 5, 10):
+        if mult * mag >= raw:
+            return mult * mag
+    return 10 * mag
+
+
+def _ticks(lo: float, hi: float, target: int = 8) -> list[float]:
+    step = nice_step(hi - lo, target)
+    first = math.ceil(lo / step) * step
+    out, t = [], first
+    while t <= hi + 1e-9 * max(1.0, abs(hi)):
+        out.append(round(t, 10))
+        t += step
+    return out
+
+
+def _tick_label(value: float, step: float) -> str:
+    decimals = max(0, -math.floor(math.log10(step))) if step < 1 else 0
+    return f"{value:.{decimals}f}"
+
+
+# -- Gantt ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GanttLayout:
+    """Vertical layout, exposed so the memory chart and tests can align with it."""
+
+    show_copy_lanes: bool
+    device_h: int
+    height: int
+    width: int
+
+
+def gantt_layout(problem: Problem, plan: Plan) -> GanttLayout:
+    has_copies = problem.options.offload or any(
+        op.kind in ("OFFLOAD", "RELOAD") for dp in plan.devices for op in dp.ops)
+    device_h = COMPUTE_H + (2 * COPY_H + 2 if has_copies else 0)
+    height = AXIS_H + problem.num_devices * (device_h + DEVICE_GAP) + 4
+    return GanttLayout(has_copies, device_h, height, LABEL_W + CHART_W + 12)
+
+
+def _time_span(plan: Plan) -> tuple[float, float]:
+    starts = [op.start_ms for dp in plan.devices for op in dp.ops]
+    ends = [op.end_ms for dp in plan.devices for op in dp.ops]
+    if not starts:
+        return 0.0, 1.0
+    t0, t1 = min(starts), max(ends)
+    return t0, (t1 if t1 > t0 else t0 + 1.0)
+
+
+def _axis(t0: float, t1: float, top: float, bottom: float, label_y: float) -> list[str]:
+    step = nice_step(t1 - t0)
+    scale = CHART_W / (t1 - t0)
+    parts = ['<g class="axis">']
+    for t in _ticks(t0, t1):
+        x = _n(LABEL_W + (t - t0) * scale)
+        parts.append(f'<line class="grid" x1="{x}" x2="{x}" y1="{_n(top)}" y2="{_n(bottom)}"/>'
+                     f'<text class="tick" x="{x}" y="{_n(label_y)}">{_tick_label(t, step)}</text>')
+    parts.append(f'<text class="unit" x="{LABEL_W - 6}" y="{_n(label_y)}">ms</text></g>')
+    return parts
+
+
+def gantt_svg(problem: Problem, plan: Plan) -> str:
+    """The schedule as SVG: per device a compute lane (and D2H / H2D copy lanes when the problem can
+    offload), exactly one `<rect class="op KIND">` per op, each carrying
+    `data-o="kind,stage,mb,start,end"` for the page's single delegated tooltip handler."""
+    layout = gantt_layout(problem, plan)
+    t0, t1 = _time_span(plan)
+    scale = CHART_W / (t1 - t0)
+    n_ops = sum(len(dp.ops) for dp in plan.devices)
+    label_bars = n_ops <= MAX_LABELLED_OPS
+    lane_y = {Lane.COMPUTE: 0, Lane.D2H: COMPUTE_H + 2, Lane.H2D: COMPUTE_H + 2 + COPY_H + 1}
+    lane_h = {Lane.COMPUTE: COMPUTE_H, Lane.D2H: COPY_H, Lane.H2D: COPY_H}
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="gantt" viewBox="0 0 {layout.width} {layout.height}"'
+        f' width="{layout.width}" height="{layout.height}" data-ops="{n_ops}" data-t0="{_t(t0)}"'
+        f' data-t1="{_t(t1)}" role="img" aria-label="Gantt chart of plan revision {plan.revision}">'
+    ]
+    bottom = layout.height - 4
+    parts += _axis(t0, t1, AXIS_H - 4, bottom, AXIS_H - 8)
+    by_device = {dp.device: dp for dp in plan.devices}
+    for d in range(problem.num_devices):
+        y0 = AXIS_H + d * (layout.device_h + DEVICE_GAP)
+        parts.append(f'<g class="device" data-device="{d}">'
+                     f'<rect class="row-bg" x="{LABEL_W}" y="{y0}" width="{CHART_W}" height="{layout.device_h}"/>'
+                     f'<text class="row-label" x="{LABEL_W - 8}" y="{_n(y0 + COMPUTE_H / 2 + 4)}">GPU {d}</text>')
+        if layout.show_copy_lanes:
+            parts.append(
+                f'<text class="lane-label" x="{LABEL_W - 8}" y="{_n(y0 + lane_y[Lane.D2H] + COPY_H - 1)}">D2H</text>'
+                f'<text class="lane-label" x="{LABEL_W - 8}" y="{_n(y0 + lane_y[Lane.H2D] + COPY_H - 1)}">H2D</text>')
+        labels: list[str] = []
+        dp = by_device.get(d)
+        for op in dp.ops if dp is not None else ():
+            lane = lane_of(Kind(op.kind))
+            if lane is not Lane.COMPUTE and not layout.show_copy_lanes:
+                lane = Lane.COMPUTE  # defensive: never drop an op
+            x = LABEL_W + (op.start_ms - t0) * scale
+            w = max(MIN_BAR_W, (op.end_ms - op.start_ms) * scale)
+            y = y0 + lane_y[lane]
+            parts.append(
+                f'<rect class="op {op.kind}" x="{_n(x)}" y="{y}" width="{_n(w)}" height="{lane_h[lane]}"'
+                f' data-o="{op.kind},{op.stage},{op.mb},{_t(op.start_ms)},{_t(op.end_ms)}"/>')
+            if label_bars and lane is Lane.COMPUTE and w >= LABEL_MIN_W:
+                labels.append(f'<text class="mb" x="{_n(x + w / 2)}" y="{y + 15}">{op.mb}</text>')
+        parts.extend(labels)
+        parts.append("</g>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+# -- memory --------------------------------------------------------------------------------------------
+
+MEM_H = 64
+MEM_GAP = 14
+
+
+def memory_curves(problem: Problem, plan: Plan) -> list[list[tuple[float, float]]]:
+    """planner.memory.memory_curve for every device of the plan (choices read back from its ops)."""
+    all_ops = [Op(Kind(o.kind), o.stage, o.mb) for dp in plan.devices for o in dp.ops]
+    choices, _ = choices_from_ops(problem, all_ops)
+    by_device = {dp.device: dp for dp in plan.devices}
+    curves = []
+    for d in range(problem.num_devices):
+        dp = by_device.get(d)
+        timed = [TimedOp(Op(Kind(o.kind), o.stage, o.mb), o.start_ms, o.end_ms)
+                 for o in (dp.ops if dp else [])]
+        curves.append(memory_curve(problem, d, timed, choices) if timed else [(0.0, problem.devices[d].static_mib)])
+    return curves
+
+
+def _step_path(points: Sequence[tuple[float, float]], x_of, y_of, x_end: float) -> str:
+    """Step path; points closer than half a pixel merge keeping their maximum, so peaks survive."""
+    merged: list[tuple[float, float]] = []
+    for t, level in points:
+        x = round(x_of(t) * 2) / 2
+        if merged and merged[-1][0] == x:
+            merged[-1] = (x, max(merged[-1][1], level))
+        else:
+            merged.append((x, level))
+    if not merged:
+        return ""
+    out = [f"M{_n(merged[0][0])} {_n(y_of(merged[0][1]))}"]
+    for x, level in merged[1:]:
+        out.append(f"H{_n(x)}V{_n(y_of(level))}")
+    out.append(f"H{_n(x_end)}")
+    return "".join(out)
+
+
+def memory_svg(problem: Problem, plan: Plan) -> str:
+    """Per device: memory over time (static included) against its limit, on the Gantt's time axis."""
+    curves = memory_curves(problem, plan)
+    t0, t1 = _time_span(plan)
+    scale = CHART_W / (t1 - t0)
+    width = LABEL_W + CHART_W + 12
+    height = AXIS_H + problem.num_devices * (MEM_H + MEM_GAP) + 4
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="memory" viewBox="0 0 {width} {height}"'
+             f' width="{width}" height="{height}" role="img" aria-label="Memory per device over time">']
+    parts += _axis(t0, t1, AXIS_H - 4, height - 4, AXIS_H - 8)
+    for d, curve in enumerate(curves):
+        y0 = AXIS_H + d * (MEM_H + MEM_GAP)
+        limit = problem.limit_of(d)
+        static = problem.devices[d].static_mib
+        if curve[0][0] > t0:  # the device idles (at its static memory) until its first op
+            curve = [(t0, static), *curve]
+        peak = max(level for _, level in curve)
+        # The floor is the static memory: what moves (activations) is what the chart must show.
+        top = max(peak, limit if math.isfinite(limit) else 0.0)
+        floor = static if top > static else 0.0
+        top = top + (top - floor) * 0.1 or 1.0
+
+        def y_of(level: float, y0: float = y0, top: float = top, floor: float = floor) -> float:
+            return y0 + MEM_H - (level - floor) / (top - floor) * MEM_H
+
+        def x_of(t: float) -> float:
+            return LABEL_W + (t - t0) * scale
+
+        over = math.isfinite(limit) and peak > limit + 1e-6
+        parts.append(f'<g class="mem-device" data-device="{d}" data-peak="{_n(peak)}">'
+                     f'<rect class="row-bg" x="{LABEL_W}" y="{y0}" width="{CHART_W}" height="{MEM_H}"/>'
+                     f'<text class="row-label" x="{LABEL_W - 8}" y="{y0 + 14}">GPU {d}</text>'
+                     f'<text class="lane-label" x="{LABEL_W - 8}" y="{y0 + 27}">peak</text>'
+                     f'<text class="lane-label{" over" if over else ""}" x="{LABEL_W - 8}" y="{y0 + 38}">'
+                     f'{escape(fmt_mib(peak))}</text>'
+                     f'<text class="floor-label" x="{LABEL_W + 4}" y="{y0 + MEM_H - 3}">'
+                     f'static {escape(fmt_mib(static))}</text>')
+        path = _step_path(curve, x_of, y_of, LABEL_W + CHART_W)
+        if path:
+            parts.append(f'<path class="mem-area" d="{path}V{_n(y0 + MEM_H)}H{_n(x_of(curve[0][0]))}Z"/>'
+                         f'<path class="mem-line" d="{path}"/>')
+        if math.isfinite(limit):
+            ly = _n(y_of(limit))
+            parts.append(f'<line class="mem-limit" x1="{LABEL_W}" x2="{LABEL_W + CHART_W}" y1="{ly}" y2="{ly}"/>'
+                         f'<text class="limit-label" x="{LABEL_W + CHART_W - 4}" y="{_n(y_of(limit) - 3)}">'
+                         f'limit {escape(fmt_mib(limit))}</text>')
+        parts.append("</g>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+# -- revision history -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RevisionPoint:
+    revision: int
+    created_at: datetime
+    makespan_ms: float
+    lower_bound_ms: float
+    method: str = ""
+
+
+def history_svg(points: Sequence[RevisionPoint], width: int = 560, height: int = 190) -> str:
+    """Makespan (steps) and the best bound over wall-clock time since revision 1."""
+    if not points:
+        return '<p class="muted">No revisions yet.</p>'
+    pts = sorted(points, key=lambda p: p.revision)
+    start = pts[0].created_at
+    secs = [max(0.0, (p.created_at - start).total_seconds()) for p in pts]
+    span_s = max(secs[-1], 1.0)
+    values = [p.makespan_ms for p in pts] + [p.lower_bound_ms for p in pts]
+    lo, hi = min(values), max(values)
+    pad = (hi - lo) * 0.15 or max(hi * 0.05, 0.5)
+    lo, hi = max(0.0, lo - pad), hi + pad
+    left, right, top, bottom = 64, 16, 12, 30
+    cw, ch = width - left - right, height - top - bottom
+
+    def x_of(s: float) -> float:
+        return left + s / span_s * cw
+
+    def y_of(v: float) -> float:
+        return top + ch - (v - lo) / (hi - lo) * ch
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="history" viewBox="0 0 {width} {height}"'
+             f' width="{width}" height="{height}" role="img" aria-label="Makespan and lower bound by revision">']
+    ystep = nice_step(hi - lo, 4)
+    for v in _ticks(lo, hi, 4):
+        y = _n(y_of(v))
+        parts.append(f'<line class="grid" x1="{left}" x2="{left + cw}" y1="{y}" y2="{y}"/>'
+                     f'<text class="ytick" x="{left - 6}" y="{_n(y_of(v) + 4)}">{_tick_label(v, ystep)}</text>')
+    xstep = nice_step(span_s, 5)
+    for s in _ticks(0.0, span_s, 5):
+        x = _n(x_of(s))
+        parts.append(f'<text class="tick" x="{x}" y="{height - 12}">{_tick_label(s, xstep)}</text>')
+    parts.append(f'<text class="unit" x="{left + cw}" y="{height - 1}">seconds since revision 1</text>'
+                 f'<text class="unit" x="{left - 6}" y="{top - 2}">ms</text>')
+    mk = [(s, p.makespan_ms) for s, p in zip(secs, pts)]
+    lb = [(s, p.lower_bound_ms) for s, p in zip(secs, pts)]
+    end = left + cw
+    parts.append(f'<path class="hist-bound" d="{_step_path(lb, x_of, y_of, end)}"/>'
+                 f'<path class="hist-makespan" d="{_step_path(mk, x_of, y_of, end)}"/>')
+    for s, p in zip(secs, pts):
+        parts.append(f'<circle class="hist-pt" cx="{_n(x_of(s))}" cy="{_n(y_of(p.makespan_ms))}" r="3.5"'
+                     f' data-o="rev {p.revision}: {_t(p.makespan_ms)} ms ({escape(p.method, quote=True)})"/>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def legend_items(plan: Plan) -> list[tuple[str, str, str]]:
+    """(kind, colour, label) for the kinds present in the plan, in a stable order."""
+    present = {op.kind for dp in plan.devices for op in dp.ops}
+    return [(k, c, KIND_LABELS[k]) for k, c in KIND_COLOURS.items() if k in present]

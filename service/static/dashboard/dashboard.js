@@ -1,0 +1,191 @@
+/* pipeplan dashboard: tooltips, zoom, live updates (EventSource), refine/cancel. No dependencies. */
+(function () {
+  "use strict";
+  var KEY_STORE = "pipeplan.apiKey";
+  var body = document.body;
+  var base = body.getAttribute("data-base") || "/dashboard";
+
+  function apiKey() { try { return localStorage.getItem(KEY_STORE) || ""; } catch (e) { return ""; } }
+  function authHeaders() {
+    var h = { "Content-Type": "application/json" };
+    var k = apiKey();
+    if (k) { h["X-API-Key"] = k; h["Authorization"] = "Bearer " + k; }
+    return h;
+  }
+
+  /* API key box: stored in this browser only, sent with refine / cancel. */
+  var keyInput = document.getElementById("api-key");
+  if (keyInput) {
+    keyInput.value = apiKey();
+    keyInput.addEventListener("change", function () {
+      try { localStorage.setItem(KEY_STORE, keyInput.value.trim()); } catch (e) { /* private mode */ }
+    });
+  }
+
+  /* One tooltip, one delegated handler for every chart: a 10k-op Gantt adds no listeners. */
+  var tip = document.createElement("div");
+  tip.id = "tip";
+  document.body.appendChild(tip);
+  var KIND_NAMES = { F: "forward", B: "backward (input)", W: "backward (weight)", BW: "backward (full)",
+    RECOMPUTE: "recompute", OFFLOAD: "offload (device→host)", RELOAD: "reload (host→device)" };
+  function fmt(v) { var n = parseFloat(v); return (Math.round(n * 1000) / 1000).toString(); }
+  function tipHtml(el) {
+    var o = el.getAttribute("data-o");
+    if (!o) { return null; }
+    if (!el.classList.contains("op")) { return document.createTextNode(o); }
+    var p = o.split(",");
+    var dur = parseFloat(p[4]) - parseFloat(p[3]);
+    var frag = document.createElement("span");
+    var sw = document.createElement("i"); sw.className = "k";
+    sw.style.background = getComputedStyle(el).fill;
+    var title = document.createElement("b"); title.textContent = p[0] + "  stage " + p[1] + " · mb " + p[2];
+    frag.appendChild(sw); frag.appendChild(title);
+    frag.appendChild(document.createElement("br"));
+    frag.appendChild(document.createTextNode((KIND_NAMES[p[0]] || p[0])));
+    frag.appendChild(document.createElement("br"));
+    frag.appendChild(document.createTextNode(fmt(p[3]) + " → " + fmt(p[4]) + " ms  (" + fmt(dur) + " ms)"));
+    return frag;
+  }
+  var current = null;
+  document.addEventListener("mousemove", function (ev) {
+    var el = ev.target;
+    if (!(el instanceof Element) || !el.hasAttribute("data-o")) {
+      if (current) { current = null; tip.style.display = "none"; }
+      return;
+    }
+    if (el !== current) {
+      current = el;
+      var content = tipHtml(el);
+      tip.textContent = "";
+      if (content) { tip.appendChild(content); }
+      tip.style.display = "block";
+    }
+    var x = ev.clientX + 14, y = ev.clientY + 14;
+    var w = tip.offsetWidth, h = tip.offsetHeight;
+    if (x + w > window.innerWidth - 8) { x = ev.clientX - w - 10; }
+    if (y + h > window.innerHeight - 8) { y = ev.clientY - h - 10; }
+    tip.style.left = x + "px"; tip.style.top = y + "px";
+  });
+  document.addEventListener("mouseleave", function () { tip.style.display = "none"; current = null; });
+
+  /* Zoom: widen the SVGs (the container scrolls); the Gantt and memory charts share one factor. */
+  var zoom = 1;
+  function applyZoom() {
+    document.querySelectorAll(".chart.zoomable").forEach(function (c) {
+      var svg = c.querySelector("svg");
+      if (!svg) { return; }
+      if (zoom === 1) { c.classList.add("fit"); svg.style.width = ""; svg.style.height = ""; return; }
+      c.classList.remove("fit");
+      var vb = svg.viewBox.baseVal;
+      var w = c.clientWidth * zoom;
+      svg.style.width = w + "px"; svg.style.height = (vb.height * w / vb.width) + "px";
+    });
+    var label = document.getElementById("zoom-level");
+    if (label) { label.textContent = Math.round(zoom * 100) + "%"; }
+  }
+  document.addEventListener("click", function (ev) {
+    var b = ev.target.closest && ev.target.closest("[data-zoom]");
+    if (!b) { return; }
+    var z = b.getAttribute("data-zoom");
+    zoom = z === "reset" ? 1 : Math.max(1, Math.min(64, zoom * parseFloat(z)));
+    applyZoom();
+  });
+
+  /* Live updates. The server sends one event per new revision or job state change; the page
+     re-fetches only the server-rendered fragment that changed (one table row, or the plan panels). */
+  var liveDot = document.getElementById("live-dot"), liveStatus = document.getElementById("live-status");
+  function setLive(on, text) {
+    if (liveDot) { liveDot.classList.toggle("on", on); }
+    if (liveStatus) { liveStatus.textContent = text; }
+  }
+  function listen(url, onEvent) {
+    if (!window.EventSource) { setLive(false, "no live updates"); return; }
+    var es = new EventSource(url);
+    es.onopen = function () { setLive(true, "live"); };
+    es.onerror = function () { setLive(false, "reconnecting…"); };
+    ["revision", "job", "message"].forEach(function (name) {
+      es.addEventListener(name, function (ev) {
+        var data = null;
+        try { data = JSON.parse(ev.data); } catch (e) { data = {}; }
+        onEvent(name, data || {});
+      });
+    });
+    window.addEventListener("beforeunload", function () { es.close(); });
+  }
+
+  var overview = document.getElementById("plans-table");
+  if (overview) {
+    listen(base + "/events", function (name, data) {
+      if (!data.key) { return; }
+      var row = document.getElementById("row-" + data.key);
+      if (!row) { return; }  /* not on this page: the server-side order is kept until the user asks */
+      fetch(base + "/rows/" + encodeURIComponent(data.key), { headers: { "Accept": "text/html" } })
+        .then(function (r) { return r.ok ? r.text() : null; })
+        .then(function (html) {
+          if (!html) { return; }
+          var t = document.createElement("tbody");
+          t.innerHTML = html.trim();
+          var fresh = t.firstElementChild;
+          if (!fresh) { return; }
+          fresh.classList.add("flash");
+          row.replaceWith(fresh);
+        });
+    });
+  }
+
+  var planPage = document.getElementById("plan-page");
+  if (planPage) {
+    var key = planPage.getAttribute("data-key");
+    var loading = false, again = false;
+    var refreshLive = function () {
+      if (loading) { again = true; return; }
+      loading = true;
+      fetch(base + "/plans/" + encodeURIComponent(key) + "/live", { headers: { "Accept": "text/html" } })
+        .then(function (r) { return r.ok ? r.text() : null; })
+        .then(function (html) {
+          if (html) {
+            document.getElementById("plan-live").innerHTML = html;
+            applyZoom();
+          }
+        })
+        .finally(function () { loading = false; if (again) { again = false; refreshLive(); } });
+    };
+    listen(base + "/events?key=" + encodeURIComponent(key), function (name, data) {
+      var shown = parseInt(planPage.getAttribute("data-revision") || "0", 10);
+      if (name === "revision" && data.revision && data.revision > shown) {
+        planPage.setAttribute("data-revision", data.revision);
+      }
+      refreshLive();
+    });
+
+    var msg = document.getElementById("action-msg");
+    var say = function (text, err) { if (msg) { msg.textContent = text; msg.classList.toggle("err", !!err); } };
+    var post = function (path, payload, okText) {
+      say("sending…", false);
+      fetch("/v1/plans/" + encodeURIComponent(key) + "/" + path,
+            { method: "POST", headers: authHeaders(), body: JSON.stringify(payload || {}) })
+        .then(function (r) {
+          return r.text().then(function (t) {
+            var detail = "";
+            try { var j = JSON.parse(t); detail = j.detail || j.message || j.error || ""; } catch (e) { detail = t; }
+            if (typeof detail !== "string") { detail = JSON.stringify(detail); }
+            if (r.status === 401 || r.status === 403) { say("API key required or rejected (set it at the top right)", true); }
+            else if (!r.ok) { say("error " + r.status + (detail ? ": " + detail : ""), true); }
+            else { say(okText, false); refreshLive(); }
+          });
+        })
+        .catch(function (e) { say("request failed: " + e, true); });
+    };
+    document.addEventListener("click", function (ev) {
+      var b = ev.target.closest && ev.target.closest("[data-action]");
+      if (!b) { return; }
+      if (b.getAttribute("data-action") === "refine") {
+        var budget = parseFloat((document.getElementById("refine-budget") || {}).value || "30");
+        post("refine", { time_budget_s: budget }, "refine job queued (" + budget + " s)");
+      } else if (b.getAttribute("data-action") === "cancel") {
+        post("cancel", {}, "cancel requested");
+      }
+    });
+  }
+  applyZoom();
+})();
