@@ -1,14 +1,25 @@
-"""The one settings object (environment prefix PIPEPLAN_) every pipeplan process reads."""
+"""The one settings object (environment prefix PIPEPLAN_) every pipeplan process reads.
+
+The same object configures the CLI, the API (`create_app(settings)`), the workers and the embedded
+mode, so a deployment is described by environment variables alone (see docker-compose.yml).
+"""
 
 from __future__ import annotations
 
 import os
 from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from planner.contract import Limits
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "pipeplan"
 
 
 class Settings(BaseSettings):
@@ -19,11 +30,87 @@ class Settings(BaseSettings):
         default_factory=lambda: max(1, min(8, os.cpu_count() or 1)),
         description="CP-SAT search workers per solve; more than the cores only slows it down.",
     )
-    default_time_budget_s: float = 60.0
-    max_time_budget_s: float = 3600.0
+    default_time_budget_s: float = Field(60.0, description="Refine budget when a POST gives none.")
+    max_time_budget_s: float = Field(3600.0, description="Largest refine budget a client may ask for.")
 
     # Problem size limits
     limits: Limits = Field(default_factory=Limits)
+
+    # Storage
+    data_dir: Path = Field(
+        default_factory=_default_data_dir,
+        description="Where the embedded SQLite file lives when no database_url is given.",
+    )
+    database_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL (postgresql+psycopg://... in production). Empty: SQLite file in"
+        " data_dir, created and migrated on first start.",
+    )
+    auto_migrate: bool | None = Field(
+        None,
+        description="Apply migrations when the app starts. Default: yes for SQLite, no for other"
+        " databases (production refuses to start on an unmigrated schema instead).",
+    )
+    db_pool_size: int = 10
+
+    # Queue / workers
+    redis_url: str | None = Field(
+        None, description="redis://host:6379/0. Empty: in-process worker pool and in-process events."
+    )
+    queue_name: str = Field("pipeplan", description="RQ queue name; also prefixes the pub/sub channel.")
+    embedded_workers: int = Field(1, ge=0, description="Refine threads of the in-process pool.")
+    worker_ttl_s: int = Field(20, ge=16, description="RQ worker TTL (RQ listens for ttl-15 s at a time).")
+    maintenance_interval_s: int = Field(5, ge=1, description="RQ registry cleanup + reconcile period.")
+    job_monitoring_interval_s: int = Field(5, ge=1)
+    job_timeout_margin_s: float = Field(60.0, description="RQ job_timeout = budget + this margin.")
+    heartbeat_s: float = Field(1.0, gt=0, description="How often a running job heartbeats and checks cancel.")
+    stale_after_s: float = Field(
+        15.0, gt=0, description="A solving job whose heartbeat is older than this is re-run elsewhere."
+    )
+    reconcile_interval_s: float = Field(5.0, gt=0, description="API-side reconciler period.")
+    min_rerun_budget_s: float = Field(5.0, description="Budget floor for a job re-run after a crash.")
+
+    # HTTP
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated keys; when set, writes need `Authorization: Bearer <key>` or"
+        " `X-API-Key: <key>`.",
+    )
+    read_requires_key: bool = Field(False, description="Key-gate reads too (when api_keys is set).")
+    max_body_bytes: int = Field(2_000_000, description="Larger request bodies get 413.")
+    long_poll_max_s: float = Field(60.0, description="Cap on ?wait= for GET /v1/plans/{key}.")
+    sse_keepalive_s: float = Field(15.0, description="Comment line sent on idle SSE streams.")
+    sse_poll_s: float = Field(5.0, description="SSE re-checks the database this often (missed events).")
+    plan_cache_ttl_s: float = Field(1.0, description="In-process cache of the best plan per key.")
+    retry_after_s: int = Field(5, description="Retry-After on 503.")
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    # -- derived ------------------------------------------------------------------------------------
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(Path(self.data_dir) / 'pipeplan.db').resolve()}"
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.resolved_database_url.startswith("sqlite")
+
+    @property
+    def should_auto_migrate(self) -> bool:
+        return self.is_sqlite if self.auto_migrate is None else self.auto_migrate
+
+    @property
+    def events_channel(self) -> str:
+        return f"{self.queue_name}:improved"
 
 
 @lru_cache

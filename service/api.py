@@ -1,0 +1,476 @@
+"""The versioned JSON API (/v1): submit, fetch, follow, refine, cancel, list, export.
+
+Blocking work (SQL, the inline heuristic) runs in plain `def` endpoints or the thread pool; the hot
+GET path serves the stored plan bytes as they are, with an ETag per revision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from starlette.concurrency import run_in_threadpool
+
+from planner.bounds import MemoryInfeasibleError
+from planner.contract import Problem, error_messages
+
+from .events import revision_message
+from .models import CANCELLED, QUEUED
+from .repository import BestPlan, JobInfo
+from .security import require_read, require_write
+from .state import ServiceState
+
+log = logging.getLogger("pipeplan.api")
+
+KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+
+router = APIRouter(prefix="/v1", tags=["plans"])
+
+
+class ApiError(HTTPException):
+    """An error with a stable machine code and a sentence for people."""
+
+    def __init__(self, status: int, code: str, message: str, extra: dict[str, Any] | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(status, message, headers=headers)
+        self.code, self.extra = code, extra or {}
+
+
+def state_of(request: Request) -> ServiceState:
+    return request.app.state.pipeplan
+
+
+# -- request / response models (they make the OpenAPI document readable) ------------------------------
+class PlanRequest(BaseModel):
+    """Exactly one of `problem` (problem v1) or `spec` (model + hardware description)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problem: Problem | None = Field(None, description="A pipeplan.problem/v1 document.")
+    spec: dict[str, Any] | None = Field(
+        None, description='A model spec for the cost model; "partition": "auto" picks the stage split.')
+    time_budget_s: float | None = Field(None, gt=0, description="Refine budget (default from settings).")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> PlanRequest:
+        if (self.problem is None) == (self.spec is None):
+            raise ValueError("give exactly one of problem or spec")
+        return self
+
+
+class RefineRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    time_budget_s: float | None = Field(None, gt=0)
+
+
+class JobView(BaseModel):
+    state: str
+    budget_s: float
+    used_s: float
+    attempts: int
+    runs: int
+    improvements: int
+    cancel_requested: bool
+    error: str | None = None
+    queued_at: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+
+
+class PlanEnvelope(BaseModel):
+    problem_key: str
+    revision: int
+    cached: bool = Field(description="True when the plan came from the cache (no new computation).")
+    plan: dict[str, Any] = Field(description="The best stored pipeplan.plan/v1 document.")
+    job: JobView | None
+    links: dict[str, str]
+
+
+class JobEnvelope(BaseModel):
+    problem_key: str
+    queued: bool = Field(description="True when this call queued a new run.")
+    job: JobView | None
+    links: dict[str, str]
+
+
+class RevisionInfo(BaseModel):
+    revision: int
+    makespan_ms: float
+    lower_bound_ms: float
+    solver_bound_ms: float | None = None
+    status: str
+    method: str
+    created_at: str | None
+
+
+class RevisionList(BaseModel):
+    problem_key: str
+    revisions: list[RevisionInfo]
+
+
+class PlanSummary(BaseModel):
+    problem_key: str
+    model: str | None
+    num_devices: int
+    num_microbatches: int
+    num_stages: int
+    stages_per_device: int
+    memory_limit_mib: float | None
+    revision: int
+    makespan_ms: float
+    lower_bound_ms: float
+    gap: float
+    bubble_ratio: float
+    status: str
+    method: str
+    first_makespan_ms: float
+    speedup_over_first: float | None
+    job_state: str | None
+    created_at: str | None
+    updated_at: str | None
+
+
+class PlanPage(BaseModel):
+    items: list[PlanSummary]
+    total: int
+    offset: int
+    limit: int
+
+
+def links(key: str) -> dict[str, str]:
+    base = f"/v1/plans/{key}"
+    return {"self": base, "events": f"{base}/events", "revisions": f"{base}/revisions",
+            "refine": f"{base}/refine", "cancel": f"{base}/cancel", "job": f"{base}/job",
+            "problem": f"{base}/problem", "torch_csv": f"{base}/export/torch.csv",
+            "chrome_trace": f"{base}/export/chrome-trace.json"}
+
+
+def job_view(job: JobInfo | None) -> JobView | None:
+    if job is None:
+        return None
+    d = job.to_dict()
+    return JobView(**{k: d[k] for k in JobView.model_fields})
+
+
+def check_key(key: str) -> str:
+    if not KEY_RE.match(key):
+        raise ApiError(404, "not_found", "problem keys are 64 lowercase hex characters (SHA-256)")
+    return key
+
+
+# -- POST /v1/plans ---------------------------------------------------------------------------------
+def _problem_of(body: PlanRequest) -> Problem:
+    if body.problem is not None:
+        return body.problem
+    from planner.costmodel import problem_from_document
+
+    spec = body.spec or {}
+    try:
+        if spec.get("partition") == "auto":
+            try:
+                from planner.adaptive import adaptive_problem
+            except ImportError:
+                raise ApiError(422, "invalid_request",
+                               'spec.partition: "auto" needs planner.adaptive, which is not installed') from None
+            return adaptive_problem(spec)
+        return problem_from_document(spec)
+    except ApiError:
+        raise
+    except MemoryInfeasibleError:
+        raise
+    except ValidationError as exc:
+        lines = [f"spec.{line}" for line in error_messages(exc)]
+        raise ApiError(422, "invalid_request", "; ".join(lines), {"detail": lines}) from None
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ApiError(422, "invalid_request", f"spec: {exc}", {"detail": [f"spec: {exc}"]}) from None
+
+
+def infeasible(exc: MemoryInfeasibleError) -> ApiError:
+    info = exc.to_dict()
+    return ApiError(422, "infeasible", str(exc), info)
+
+
+@router.post("/plans", response_model=PlanEnvelope, status_code=200,
+             summary="Submit a problem or model spec; get the best plan now",
+             responses={201: {"description": "Cache miss: first plan computed and stored"},
+                        422: {"description": "Invalid input or infeasible memory budget"}},
+             dependencies=[Depends(require_write)])
+def submit(body: PlanRequest, request: Request, response: Response) -> PlanEnvelope:
+    st = state_of(request)
+    s = st.settings
+    budget = body.time_budget_s if body.time_budget_s is not None else s.default_time_budget_s
+    if budget > s.max_time_budget_s:
+        raise ApiError(422, "invalid_request",
+                       f"time_budget_s: {budget} exceeds the limit {s.max_time_budget_s}")
+    try:
+        problem = _problem_of(body)
+    except MemoryInfeasibleError as exc:
+        raise infeasible(exc) from None
+    try:
+        problem.check_limits(s.limits)
+    except ValueError as exc:
+        raise ApiError(422, "too_large", f"problem.{exc}") from None
+    key = problem.key()
+    best = st.repo.best(key)
+    if best is not None:
+        return _envelope(st, key, best, cached=True)
+    with st.lock_for(key):  # callers in this process wait for one inline computation
+        best = st.repo.best(key)
+        if best is not None:
+            return _envelope(st, key, best, cached=True)
+        from planner.baselines import best_heuristic
+        from planner.bounds import check_memory_feasible
+
+        try:
+            check_memory_feasible(problem)
+            plan = best_heuristic(problem, problem_key=key)
+        except MemoryInfeasibleError as exc:
+            raise infeasible(exc) from None
+        revision, created, job = st.repo.store_first(problem, plan, budget, key=key)
+        st.metrics.cold_posts.inc()
+        if created:
+            st.events.publish_revision(key, revision)
+            if job.state == QUEUED:
+                try:
+                    st.queue.enqueue(key, job.run_id, job.budget_s)
+                except Exception as exc:  # Redis down: the reconciler enqueues it later from SQL
+                    log.warning("enqueue of %s failed (%s); the reconciler will retry", key[:12], exc)
+            response.status_code = 201
+        best = st.repo.best(key)
+        return _envelope(st, key, best, cached=not created, job=job)
+
+
+def _envelope(st: ServiceState, key: str, best: BestPlan, cached: bool, job: JobInfo | None = None) -> PlanEnvelope:
+    job = job or st.repo.job(key)
+    return PlanEnvelope(problem_key=key, revision=best.revision, cached=cached,
+                        plan=json.loads(best.plan_json), job=job_view(job), links=links(key))
+
+
+# -- GET /v1/plans/{key} ----------------------------------------------------------------------------
+def _etag_matches(header: str | None, etag: str) -> bool:
+    if not header:
+        return False
+    if header.strip() == "*":
+        return True
+    tags = [t.strip().removeprefix("W/") for t in header.split(",")]
+    return etag in tags
+
+
+def _plan_response(best: BestPlan, if_none_match: str | None) -> Response:
+    headers = {"ETag": best.etag, "Cache-Control": "no-cache", "X-Pipeplan-Revision": str(best.revision)}
+    if _etag_matches(if_none_match, best.etag):
+        return Response(status_code=304, headers=headers)
+    return Response(best.plan_json, media_type="application/json", headers=headers)
+
+
+@router.get("/plans/{key}", summary="The best plan (plan v1), with ETag and long-poll",
+            responses={200: {"content": {"application/json": {}}, "description": "pipeplan.plan/v1"},
+                       304: {"description": "Not modified (If-None-Match)"}, 404: {"description": "Unknown key"}},
+            dependencies=[Depends(require_read)])
+async def get_plan(
+    key: str, request: Request,
+    min_revision: int | None = Query(None, ge=1, description="Wait until this revision exists..."),
+    wait: float = Query(0.0, ge=0, description="...for at most this many seconds (capped by settings)."),
+    if_none_match: str | None = Header(None),
+) -> Response:
+    check_key(key)
+    st = state_of(request)
+    best = await st.best(key)
+    if best is None:
+        raise ApiError(404, "not_found", f"no plan cached for key {key}")
+    if min_revision and best.revision < min_revision and wait > 0:
+        deadline = time.monotonic() + min(wait, st.settings.long_poll_max_s)
+        with st.events.subscribe(key) as sub:
+            best = await st.best(key, fresh=True)
+            while best.revision < min_revision:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                await sub.get(timeout=min(left, st.settings.sse_poll_s))
+                best = await st.best(key, fresh=True)
+    return _plan_response(best, if_none_match)
+
+
+@router.get("/plans/{key}/revisions/{revision}", summary="One stored revision (plan v1)",
+            dependencies=[Depends(require_read)])
+def get_revision(key: str, revision: int, request: Request) -> Response:
+    check_key(key)
+    plan = state_of(request).repo.revision_plan(key, revision)
+    if plan is None:
+        raise ApiError(404, "not_found", f"no revision {revision} for key {key}")
+    return Response(plan, media_type="application/json")
+
+
+@router.get("/plans/{key}/problem", summary="The normalized problem (problem v1) of a key",
+            dependencies=[Depends(require_read)])
+def get_problem(key: str, request: Request) -> Response:
+    check_key(key)
+    problem = state_of(request).repo.get_problem(key)
+    if problem is None:
+        raise ApiError(404, "not_found", f"no problem stored for key {key}")
+    return Response(problem.model_dump_json(), media_type="application/json")
+
+
+# -- SSE ------------------------------------------------------------------------------------------
+@router.get("/plans/{key}/events", response_class=EventSourceResponse,
+            summary="Server-sent events: one `revision` event per new revision (id = revision)",
+            description="Resume with `Last-Event-ID: N` (or `?after=N`): revisions after N are replayed"
+            " first. Without either, the stream starts with the current best revision. Event data is the"
+            " plan v1 document (`?summary=true`: key, revision, makespan only). `job` events (no id) report"
+            " refine job state changes.",
+            dependencies=[Depends(require_read)])
+async def events(key: str, request: Request, after: int | None = Query(None, ge=0),
+                 summary: bool = False, last_event_id: str | None = Header(None)):
+    check_key(key)
+    st = state_of(request)
+    start_after = after
+    if last_event_id and last_event_id.strip().isdigit():
+        start_after = int(last_event_id.strip())
+    if await st.best(key) is None:
+        raise ApiError(404, "not_found", f"no plan cached for key {key}")
+
+    def event_of(revision: int, plan_json: str) -> ServerSentEvent:
+        if summary:
+            doc = json.loads(plan_json)
+            data = json.dumps({"problem_key": key, "revision": revision, "makespan_ms": doc["makespan_ms"],
+                               "lower_bound_ms": doc["lower_bound_ms"], "status": doc["status"],
+                               "method": doc["method"]})
+            return ServerSentEvent(raw_data=data, event="revision", id=str(revision))
+        return ServerSentEvent(raw_data=plan_json, event="revision", id=str(revision))
+
+    with st.events.subscribe(key) as sub:  # subscribe first: nothing between replay and live is missed
+        if start_after is None:
+            best = await st.best(key, fresh=True)
+            sent = best.revision
+            yield event_of(best.revision, best.plan_json)
+        else:
+            sent = start_after
+        while True:
+            for revision, plan_json in await run_in_threadpool(st.repo.revision_plans, key, sent):
+                if revision > sent:
+                    sent = revision
+                    yield event_of(revision, plan_json)
+            message = await sub.get(timeout=st.settings.sse_poll_s)
+            while message is not None and message.get("type") == "job":
+                yield ServerSentEvent(data={"state": message.get("state")}, event="job")
+                message = sub.queue.get_nowait() if not sub.queue.empty() else None
+            if await request.is_disconnected():
+                return
+
+
+# -- revisions / refine / cancel / job --------------------------------------------------------------
+@router.get("/plans/{key}/revisions", response_model=RevisionList, summary="Revision history (no bodies)",
+            dependencies=[Depends(require_read)])
+def revisions(key: str, request: Request) -> RevisionList:
+    check_key(key)
+    revs = state_of(request).repo.revisions(key)
+    if not revs:
+        raise ApiError(404, "not_found", f"no plan cached for key {key}")
+    return RevisionList(problem_key=key, revisions=[RevisionInfo(**r) for r in revs])
+
+
+@router.post("/plans/{key}/refine", response_model=JobEnvelope, status_code=202,
+             summary="Refine further, warm-started from the best stored plan",
+             dependencies=[Depends(require_write)])
+def refine(key: str, request: Request, body: RefineRequest | None = None) -> JobEnvelope:
+    check_key(key)
+    st = state_of(request)
+    budget = body.time_budget_s if body and body.time_budget_s else st.settings.default_time_budget_s
+    if budget > st.settings.max_time_budget_s:
+        raise ApiError(422, "invalid_request",
+                       f"time_budget_s: {budget} exceeds the limit {st.settings.max_time_budget_s}")
+    if st.repo.best_revision(key) is None:
+        raise ApiError(404, "not_found", f"no plan cached for key {key}")
+    job, queued = st.repo.request_refine(key, budget)
+    if queued and job is not None:
+        try:
+            st.queue.enqueue(key, job.run_id, job.budget_s)
+        except Exception as exc:
+            log.warning("enqueue of %s failed (%s); the reconciler will retry", key[:12], exc)
+        st.events.publish(key, {"type": "job", "key": key, "state": QUEUED})
+    return JobEnvelope(problem_key=key, queued=queued, job=job_view(job), links=links(key))
+
+
+@router.post("/plans/{key}/cancel", response_model=JobEnvelope, status_code=202,
+             summary="Cancel the refine job (a solving run stops within a second or two)",
+             dependencies=[Depends(require_write)])
+def cancel(key: str, request: Request) -> JobEnvelope:
+    check_key(key)
+    st = state_of(request)
+    job = st.repo.request_cancel(key)
+    if job is None:
+        raise ApiError(404, "not_found", f"no job for key {key}")
+    if job.state == CANCELLED:
+        st.events.publish(key, {"type": "job", "key": key, "state": CANCELLED})
+    return JobEnvelope(problem_key=key, queued=False, job=job_view(job), links=links(key))
+
+
+@router.get("/plans/{key}/job", response_model=JobView, summary="Refine job state",
+            dependencies=[Depends(require_read)])
+def job(key: str, request: Request) -> JobView:
+    check_key(key)
+    info = state_of(request).repo.job(key)
+    if info is None:
+        raise ApiError(404, "not_found", f"no job for key {key}")
+    return job_view(info)
+
+
+# -- listing ------------------------------------------------------------------------------------------
+@router.get("/plans", response_model=PlanPage, summary="Paginated cache listing with summary fields",
+            dependencies=[Depends(require_read)])
+def list_plans(
+    request: Request,
+    offset: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500),
+    sort: Literal["updated_at", "created_at", "makespan_ms", "num_devices", "num_microbatches", "revision",
+                  "bubble_ratio", "gap", "speedup"] = "updated_at",
+    order: Literal["asc", "desc"] = "desc",
+    q: str | None = Query(None, max_length=100, description="Key prefix or model name substring"),
+    job_state: Literal["queued", "solving", "converged", "failed", "cancelled"] | None = None,
+) -> PlanPage:
+    items, total = state_of(request).repo.list_plans(offset, limit, sort, order == "desc", q, job_state)
+    return PlanPage(items=[PlanSummary(**i) for i in items], total=total, offset=offset, limit=limit)
+
+
+# -- exports ------------------------------------------------------------------------------------------
+def _problem_and_plan(st: ServiceState, key: str, revision: int | None):
+    from planner.contract import Plan
+
+    problem = st.repo.get_problem(key)
+    plan_json = st.repo.revision_plan(key, revision) if revision else (st.repo.best(key) or None)
+    if problem is None or plan_json is None:
+        raise ApiError(404, "not_found", f"no plan cached for key {key}")
+    if isinstance(plan_json, BestPlan):
+        plan_json = plan_json.plan_json
+    return problem, Plan.model_validate_json(plan_json)
+
+
+@router.get("/plans/{key}/export/torch.csv", summary="torch.distributed.pipelining schedule CSV",
+            response_class=Response, dependencies=[Depends(require_read)])
+def export_torch_csv(key: str, request: Request, revision: int | None = Query(None, ge=1)) -> Response:
+    check_key(key)
+    from planner.exports import torch_csv
+
+    problem, plan = _problem_and_plan(state_of(request), key, revision)
+    return Response(torch_csv(problem, plan), media_type="text/csv",
+                    headers={"Content-Disposition": f'attachment; filename="{key[:12]}-r{plan.revision}.csv"'})
+
+
+@router.get("/plans/{key}/export/chrome-trace.json", summary="Chrome / Perfetto trace of the plan",
+            dependencies=[Depends(require_read)])
+def export_chrome_trace(key: str, request: Request, revision: int | None = Query(None, ge=1)) -> Response:
+    check_key(key)
+    from planner.exports import chrome_trace
+
+    problem, plan = _problem_and_plan(state_of(request), key, revision)
+    return Response(json.dumps(chrome_trace(problem, plan)), media_type="application/json",
+                    headers={"Content-Disposition": f'attachment; filename="{key[:12]}-r{plan.revision}.trace.json"'})
+
+
+__all__ = ["router", "ApiError", "revision_message", "asyncio"]

@@ -1,0 +1,144 @@
+"""Prometheus metrics: HTTP traffic from a pure-ASGI middleware, cache/queue gauges read at scrape."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from .state import ServiceState
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("pipeplan_http_requests", "HTTP requests", ["method", "route", "status"],
+                                registry=self.registry)
+        self.latency = Histogram(
+            "pipeplan_http_request_duration_seconds", "HTTP request latency", ["method", "route"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+        self.cold_posts = Counter("pipeplan_cold_posts", "POSTs that computed a first plan inline",
+                                  registry=self.registry)
+
+
+class StateCollector:
+    """Queue depth, jobs by state and solver improvements, read from the queue and SQL at scrape time."""
+
+    def __init__(self, state: ServiceState):
+        self.state = state
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        depth = GaugeMetricFamily("pipeplan_queue_depth", "Refine runs waiting in the queue")
+        try:
+            depth.add_metric([], self.state.queue.depth())
+        except Exception:
+            depth.add_metric([], float("nan"))
+        yield depth
+        jobs = GaugeMetricFamily("pipeplan_jobs", "Refine jobs by state", labels=["state"])
+        improvements = CounterMetricFamily("pipeplan_solver_improvements", "Revisions stored beyond the first")
+        try:
+            from .models import JOB_STATES
+
+            counts = self.state.repo.job_counts()
+            for s in JOB_STATES:
+                jobs.add_metric([s], counts.get(s, 0))
+            improvements.add_metric([], self.state.repo.improvements_total())
+        except Exception:
+            pass
+        yield jobs
+        yield improvements
+        subs = GaugeMetricFamily("pipeplan_event_subscribers", "Open SSE / long-poll subscriptions")
+        subs.add_metric([], self.state.hub.subscriber_count())
+        yield subs
+        delivered = CounterMetricFamily("pipeplan_events_delivered", "Plan events delivered in this process")
+        delivered.add_metric([], self.state.hub.delivered)
+        yield delivered
+
+
+class MetricsMiddleware:
+    """Pure ASGI (no BaseHTTPMiddleware overhead); labels by route template, not by raw path."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = {"code": 500}
+
+        async def send_wrapper(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            method = scope.get("method", "GET")
+            self.metrics.requests.labels(method, path, str(status["code"])).inc()
+            self.metrics.latency.labels(method, path).observe(time.perf_counter() - start)
+
+
+class BodyLimitMiddleware:
+    """413 for request bodies over the limit, whether announced by Content-Length or streamed."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    if int(value) > self.max_bytes:
+                        await _too_large(send, self.max_bytes)
+                        return
+                except ValueError:
+                    pass
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.max_bytes:
+                await _too_large(send, self.max_bytes)
+                return
+            chunks.append(body)
+            if not message.get("more_body"):
+                break
+        replay = {"sent": False}
+
+        async def receive_replay():
+            if not replay["sent"]:
+                replay["sent"] = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, receive_replay, send)
+
+
+async def _too_large(send, limit: int) -> None:
+    import json
+
+    body = json.dumps({"error": "payload_too_large",
+                       "message": f"request body exceeds the limit of {limit} bytes"}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,108 @@
+"""SQL tables of the plan cache: problems (with summary columns), plan revisions and refine jobs.
+
+The summary columns on `problems` duplicate the best revision on purpose: the listing, the ETag and
+the atomic "replace if better" upsert all read or write one row, never a join.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+# Job states; the dashboard shows these words.
+QUEUED, SOLVING, CONVERGED, FAILED, CANCELLED = "queued", "solving", "converged", "failed", "cancelled"
+ACTIVE_STATES = (QUEUED, SOLVING)
+JOB_STATES = (QUEUED, SOLVING, CONVERGED, FAILED, CANCELLED)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class ProblemRow(Base):
+    __tablename__ = "problems"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    problem: Mapped[dict] = mapped_column(JSONType)
+    num_devices: Mapped[int] = mapped_column(Integer)
+    num_microbatches: Mapped[int] = mapped_column(Integer)
+    num_stages: Mapped[int] = mapped_column(Integer)
+    memory_limit_mib: Mapped[float | None] = mapped_column(Float, nullable=True)
+    model: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    best_revision: Mapped[int] = mapped_column(Integer)
+    best_makespan_ms: Mapped[float] = mapped_column(Float)
+    lower_bound_ms: Mapped[float] = mapped_column(Float)
+    bubble_ratio: Mapped[float] = mapped_column(Float)
+    best_status: Mapped[str] = mapped_column(String(16))
+    best_method: Mapped[str] = mapped_column(Text)
+    first_makespan_ms: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+
+
+class RevisionRow(Base):
+    __tablename__ = "plan_revisions"
+    __table_args__ = (UniqueConstraint("problem_key", "revision", name="uq_plan_revisions_key_revision"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    problem_key: Mapped[str] = mapped_column(ForeignKey("problems.key", ondelete="CASCADE"))
+    revision: Mapped[int] = mapped_column(Integer)
+    makespan_ms: Mapped[float] = mapped_column(Float)
+    lower_bound_ms: Mapped[float] = mapped_column(Float)
+    solver_bound_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    status: Mapped[str] = mapped_column(String(16))
+    method: Mapped[str] = mapped_column(Text)
+    plan: Mapped[str] = mapped_column(Text)  # the plan v1 JSON exactly as served (bytes, no re-encode)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class JobRow(Base):
+    """The refine job of one key (one row per key: the dedup is the primary key)."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_state_heartbeat", "state", "heartbeat_at"),)
+
+    key: Mapped[str] = mapped_column(ForeignKey("problems.key", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(120))  # the queue's job id of the current run
+    state: Mapped[str] = mapped_column(String(16))
+    budget_s: Mapped[float] = mapped_column(Float)
+    used_s: Mapped[float] = mapped_column(Float, default=0.0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    runs: Mapped[int] = mapped_column(Integer, default=1)  # refine requests served by this row
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    improvements: Mapped[int] = mapped_column(Integer, default=0)
+    queued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

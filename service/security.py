@@ -1,0 +1,39 @@
+"""API-key checks: writes need a key when keys are configured; reads only when read_requires_key."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import HTTPException, Request
+
+
+def _presented_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def _key_ok(presented: str | None, keys: list[str]) -> bool:
+    if presented is None:
+        return False
+    ok = False
+    for key in keys:  # no early exit: the time taken does not depend on which key matched
+        ok |= hmac.compare_digest(presented.encode(), key.encode())
+    return ok
+
+
+def _check(request: Request) -> None:
+    keys = request.app.state.pipeplan.settings.api_keys
+    if keys and not _key_ok(_presented_key(request), keys):
+        raise HTTPException(401, "a valid API key is required (Authorization: Bearer <key> or X-API-Key)",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
+def require_write(request: Request) -> None:
+    _check(request)
+
+
+def require_read(request: Request) -> None:
+    if request.app.state.pipeplan.settings.read_requires_key:
+        _check(request)

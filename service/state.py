@@ -1,0 +1,114 @@
+"""Everything one API process holds: engine, repository, queue, events, plan cache, reconciler.
+
+Built in the app's lifespan (never at import), reachable as `request.app.state.pipeplan` — the
+dashboard router uses the same object (repo for reads, events for live updates).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from starlette.concurrency import run_in_threadpool
+
+from pipeplan.settings import Settings
+
+from .db import make_engine
+from .events import ALL, EventBus, Hub, LocalPublisher, RedisListener, RedisPublisher
+from .metrics import Metrics
+from .queue import JobQueue, LocalQueue, RQQueue
+from .reconcile import reconcile
+from .repository import BestPlan, Repository
+from .schema import ensure_schema
+
+log = logging.getLogger("pipeplan.service")
+
+
+@dataclass
+class ServiceState:
+    settings: Settings
+    metrics: Metrics
+    hub: Hub = field(default_factory=Hub)
+    repo: Repository = None  # type: ignore[assignment]
+    queue: JobQueue = None  # type: ignore[assignment]
+    events: EventBus = None  # type: ignore[assignment]
+    listener: RedisListener | None = None
+    _cache: dict[str, tuple[BestPlan, float]] = field(default_factory=dict)
+    _tasks: list[asyncio.Task] = field(default_factory=list)
+    _locks: list[threading.Lock] = field(default_factory=lambda: [threading.Lock() for _ in range(64)])
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        self.engine = make_engine(s.resolved_database_url, s.db_pool_size)
+        await run_in_threadpool(ensure_schema, self.engine, s.should_auto_migrate)
+        self.repo = Repository(self.engine)
+        self.hub.bind(asyncio.get_running_loop())
+        self.hub.add_listener(self._invalidate)
+        if s.redis_url:
+            self.queue = RQQueue(s.redis_url, s.queue_name, s.job_timeout_margin_s)
+            self.events = EventBus(self.hub, RedisPublisher(s.redis_url, s.events_channel))
+            self.listener = RedisListener(s.redis_url, s.events_channel, self.hub)
+            self.listener.start()
+        else:
+            from worker.tasks import WorkerContext, run_job
+
+            publisher = LocalPublisher(self.hub)
+            ctx = WorkerContext(self.repo, publisher, s, name="embedded")
+            self.queue = LocalQueue(lambda key, run_id: run_job(ctx, key, run_id), s.embedded_workers)
+            ctx.shutdown = self.queue.shutdown
+            self.events = EventBus(self.hub, publisher)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._reconcile_loop()))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.listener:
+            await self.listener.stop()
+        if self.queue:
+            await run_in_threadpool(self.queue.close)
+        if getattr(self, "engine", None) is not None:
+            self.engine.dispose()
+
+    async def _reconcile_loop(self) -> None:
+        first = True
+        while True:
+            try:
+                grace = 0.0 if first and self.queue.kind == "local" else 3.0
+                await run_in_threadpool(reconcile, self.repo, self.queue, self.settings.stale_after_s, grace)
+            except Exception as exc:
+                log.warning("reconcile failed: %s", exc)
+            first = False
+            await asyncio.sleep(self.settings.reconcile_interval_s)
+
+    # -- plan cache -----------------------------------------------------------------------------------
+    def _invalidate(self, message: dict) -> None:
+        if message.get("type") == "revision":
+            key = message.get("key", ALL)
+            cached = self._cache.get(key)
+            if cached and cached[0].revision < int(message.get("revision", 0)):
+                self._cache.pop(key, None)
+
+    async def best(self, key: str, fresh: bool = False) -> BestPlan | None:
+        """The best plan of `key`, from a short-lived in-process cache invalidated by events."""
+        now = time.monotonic()
+        cached = self._cache.get(key)
+        if not fresh and cached and now - cached[1] < self.settings.plan_cache_ttl_s:
+            return cached[0]
+        best = await run_in_threadpool(self.repo.best, key)
+        if best is not None:
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[key] = (best, now)
+        return best
+
+    def lock_for(self, key: str) -> threading.Lock:
+        return self._locks[hash(key) % len(self._locks)]
