@@ -20,9 +20,13 @@ from .scaling import scale_for
 log = logging.getLogger(__name__)
 
 ENGINES = ("auto", "cpsat", "lns", "milp")
-# Above this many (stage, microbatch) pairs the whole-problem CP-SAT model stalls on 2 cores, so
-# "auto" switches to large-neighbourhood search (measured: see docs/optimizer.md).
-LNS_PAIRS = 400
+# "auto" first gives the whole-problem CP-SAT model this share of the time (it proves optima and
+# bounds on small problems), then large-neighbourhood search, which improves big problems faster
+# (measured: see docs/optimizer.md). Above LNS_PAIRS (stage, microbatch) pairs the whole model is
+# skipped: presolve alone eats the budget.
+WHOLE_SHARE = 0.25
+WHOLE_MAX_S = 10.0
+LNS_PAIRS = 1024
 
 
 @dataclass
@@ -110,7 +114,7 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
     lb = lower_bound(problem)
     scale = scale_for(problem)
     pairs = problem.num_stages * problem.num_microbatches
-    chosen = engine if engine != "auto" else ("cpsat" if pairs <= LNS_PAIRS else "lns")
+    chosen = engine if engine != "auto" else ("auto" if pairs <= LNS_PAIRS else "lns")
     solver_bound: float | None = None
     proven = inc.plan is not None and inc.makespan <= lb + EPS_MS
     if not proven and not (stop is not None and stop.is_set()):
@@ -138,17 +142,24 @@ def _run_engine(engine: str, problem: Problem, inc: Incumbent, scale, deadline: 
     remaining = deadline - time.monotonic()
     if remaining <= 0.05:
         return None, False
-    if engine == "cpsat":
+    if engine in ("cpsat", "auto"):
         from . import cpsat
 
-        out = cpsat.run(problem, inc, scale, remaining, stop, workers, seed, deterministic)
+        whole = remaining if engine == "cpsat" else min(WHOLE_MAX_S, WHOLE_SHARE * remaining)
+        out = cpsat.run(problem, inc, scale, whole, stop, workers, seed, deterministic)
         notes.append(f"cp-sat {out.status} in {out.wall_s:.1f}s")
         bound = out.bound_ticks / scale.time_scale if (out.bound_ticks is not None and scale.time_exact) else None
-        return bound, out.status == "OPTIMAL" and scale.time_exact
+        proven = out.status == "OPTIMAL" and scale.time_exact
+        if engine == "cpsat" or proven or (stop is not None and stop.is_set()):
+            return bound, proven
+        engine = "lns"
+    else:
+        bound = None
     if engine == "lns":
         from . import lns
 
-        return lns.run(problem, inc, scale, deadline, stop, workers, seed, deterministic, notes), False
+        lns.run(problem, inc, scale, deadline, stop, workers, seed, deterministic, notes)
+        return bound, False
     from . import milp
 
     return milp.run(problem, inc, deadline, stop, notes)

@@ -1,0 +1,231 @@
+"""OptPipe-style MILP (OR-Tools pywraplp with SCIP), kept for fidelity and comparison.
+
+Continuous start times; one ordering binary per pair of ops on a device's compute lane that the
+precedence closure (with the valid symmetry "stage 0 forwards in microbatch order") leaves
+unordered; big-M disjunctions with the horizon as M; triangle (transitivity) cuts; memory checked at
+every allocation event (a forward's start) as a linear sum over the ordering binaries; warm start
+from the incumbent. Honest limits: offload and recompute are not modelled (its plans use neither, so
+with those options it proves nothing), and it is meant for modest sizes — above MAX_LANE_OPS ops per
+compute lane it declines and the caller keeps the incumbent. CP-SAT is the default engine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+from ortools.linear_solver import pywraplp
+
+from ..contract import Problem
+from ..ops import Choice, Kind, Op, duration
+from ..simulator import build_plan, simulate
+from .convert import plan_times, schedule_of
+from ..simulator import Timing
+from .incumbent import Incumbent
+
+MAX_LANE_OPS = 72
+MAX_TRIANGLES = 20000
+
+
+class MilpNotApplicable(ValueError):
+    pass
+
+
+def _ops(problem: Problem) -> list[Op]:
+    split = problem.options.split_backward
+    out = []
+    for k in range(problem.num_stages):
+        for i in range(problem.num_microbatches):
+            out.append(Op(Kind.F, k, i))
+            out += [Op(Kind.B, k, i), Op(Kind.W, k, i)] if split else [Op(Kind.BW, k, i)]
+    return out
+
+
+def _preds(problem: Problem, op: Op) -> list[tuple[Op, float]]:
+    k, i, S = op.stage, op.mb, problem.num_stages
+    bk = Kind.B if problem.options.split_backward else Kind.BW
+    if op.kind is Kind.F:
+        out = [(Op(Kind.F, k - 1, i), problem.link_ms(k - 1, k))] if k > 0 else []
+        if k == 0 and i > 0:
+            out.append((Op(Kind.F, 0, i - 1), 0.0))  # symmetry: valid, microbatches are interchangeable
+        return out
+    if op.kind in (Kind.B, Kind.BW):
+        out = [(Op(Kind.F, k, i), 0.0)]
+        if k + 1 < S:
+            out.append((Op(bk, k + 1, i), problem.link_ms(k + 1, k)))
+        return out
+    return [(Op(Kind.B, k, i), 0.0)]
+
+
+def _closure(ops: list[Op], preds: dict[Op, list[Op]]) -> dict[Op, int]:
+    """Bitset of every op that must precede each op (ops are listed in a topological order)."""
+    index = {op: n for n, op in enumerate(ops)}
+    before: dict[Op, int] = {}
+    for op in sorted(ops, key=_topo_key):
+        bits = 0
+        for p in preds[op]:
+            bits |= before[p] | (1 << index[p])
+        before[op] = bits
+    return before
+
+
+def _topo_key(op: Op):
+    # F by (mb, stage) ascending, then backwards by (mb, -stage), W after its B: a topological order.
+    if op.kind is Kind.F:
+        return (0, op.mb, op.stage, 0)
+    return (1, op.mb, -op.stage, 0 if op.kind in (Kind.B, Kind.BW) else 1)
+
+
+def run(problem: Problem, inc: Incumbent, deadline: float, stop: threading.Event | None,
+        notes: list[str]) -> tuple[float | None, bool]:
+    """Solve with SCIP until the deadline; offer its plan; return (bound, proven optimal)."""
+    try:
+        return _run(problem, inc, deadline, stop, notes)
+    except MilpNotApplicable as exc:
+        notes.append(f"milp declined: {exc}")
+        return None, False
+
+
+def _run(problem, inc, deadline, stop, notes):
+    ops = _ops(problem)
+    lanes: dict[int, list[Op]] = {}
+    for op in ops:
+        lanes.setdefault(problem.stages[op.stage].device, []).append(op)
+    biggest = max(len(v) for v in lanes.values())
+    if biggest > MAX_LANE_OPS:
+        raise MilpNotApplicable(f"{biggest} ops on one compute lane (limit {MAX_LANE_OPS})")
+    solver = pywraplp.Solver.CreateSolver("SCIP")
+    if solver is None:
+        raise MilpNotApplicable("SCIP is not available in this OR-Tools build")
+    horizon = inc.makespan if inc.plan is not None else sum(duration(problem, op) for op in ops) * 2
+    preds = {op: [p for p, _ in _preds(problem, op)] for op in ops}
+    s = {op: solver.NumVar(0.0, horizon, f"s_{op.kind.value}_{op.stage}_{op.mb}") for op in ops}
+    dur = {op: duration(problem, op) for op in ops}
+    cmax = solver.NumVar(0.0, horizon, "makespan")
+    for op in ops:
+        for p, lag in _preds(problem, op):
+            solver.Add(s[op] >= s[p] + dur[p] + lag)
+        solver.Add(cmax >= s[op] + dur[op])
+    before = _closure(ops, preds)
+    index = {op: n for n, op in enumerate(ops)}
+
+    def ordered(a: Op, b: Op) -> bool:  # a must precede b
+        return bool(before[b] >> index[a] & 1)
+
+    y: dict[tuple[Op, Op], object] = {}  # y[(a, b)] = 1 when a runs before b (a listed first)
+    for lane_ops in lanes.values():
+        for a, b in itertools.combinations(lane_ops, 2):
+            if ordered(a, b) or ordered(b, a):
+                continue
+            v = solver.BoolVar(f"y_{len(y)}")
+            y[(a, b)] = v
+            solver.Add(s[b] >= s[a] + dur[a] - horizon * (1 - v))
+            solver.Add(s[a] >= s[b] + dur[b] - horizon * v)
+
+    def prec(a: Op, b: Op):
+        """1 when a precedes b on their lane: a constant or an ordering binary (expression)."""
+        if ordered(a, b):
+            return 1
+        if ordered(b, a):
+            return 0
+        return y[(a, b)] if (a, b) in y else 1 - y[(b, a)]
+
+    triangles = 0
+    for lane_ops in lanes.values():
+        free = [o for o in lane_ops]
+        for a, b, c in itertools.combinations(free, 3):
+            if triangles >= MAX_TRIANGLES:
+                break
+            pairs = [(a, b), (b, c), (a, c)]
+            if not all((p in y) for p in pairs):
+                continue
+            solver.Add(y[(a, b)] + y[(b, c)] - y[(a, c)] <= 1)
+            solver.Add(-y[(a, b)] - y[(b, c)] + y[(a, c)] <= 0)
+            triangles += 2
+    # Memory at every forward start (the only allocations without offload/recompute).
+    memory_rows = 0
+    for d, lane_ops in lanes.items():
+        limit = problem.limit_of(d)
+        if limit == float("inf"):
+            continue
+        cap = limit - problem.devices[d].static_mib
+        forwards = [o for o in lane_ops if o.kind is Kind.F]
+        for e in forwards:
+            terms = []
+            for o in lane_ops:
+                st = problem.stages[o.stage]
+                a, g = st.activation_mib, (st.weight_grad_mib if problem.options.split_backward else 0.0)
+                if o.kind is Kind.F:
+                    terms.append(a * (1 if o == e else prec(o, e)))
+                elif o.kind is Kind.B:
+                    terms.append(-(a - g) * prec(o, e))
+                elif o.kind is Kind.W:
+                    terms.append(-g * prec(o, e))
+                else:
+                    terms.append(-a * prec(o, e))
+            solver.Add(solver.Sum(terms) <= cap)
+            memory_rows += 1
+    solver.Minimize(cmax)
+    _warm_start(problem, inc, solver, s, y, cmax)
+    remaining = deadline - time.monotonic()
+    if remaining <= 0.1:
+        return None, False
+    solver.SetTimeLimit(int(remaining * 1000))
+    done = threading.Event()
+    if stop is not None:
+        def watch() -> None:
+            while not done.is_set():
+                if stop.wait(0.1):
+                    solver.InterruptSolve()
+                    return
+        threading.Thread(target=watch, daemon=True).start()
+    try:
+        status = solver.Solve()
+    finally:
+        done.set()
+    notes.append(f"milp (SCIP): {len(y)} ordering binaries, {triangles} triangle cuts, {memory_rows}"
+                 f" memory rows, status {status}")
+    if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        return None, False
+    times = {op: (s[op].solution_value(), s[op].solution_value() + dur[op]) for op in ops}
+    _offer(problem, inc, times)
+    bound = solver.Objective().BestBound()
+    exact = not (problem.options.offload or problem.options.recompute) or all(
+        problem.limit_of(d) == float("inf") for d in range(problem.num_devices))
+    proven = status == pywraplp.Solver.OPTIMAL and exact
+    return (bound if exact else None), proven
+
+
+def _offer(problem: Problem, inc: Incumbent, times: dict[Op, tuple[float, float]]) -> None:
+    """Re-time the MILP's lane orders ASAP (its floats carry solver tolerance) and offer the plan."""
+    t0 = min(a for a, _ in times.values())
+    times = {op: (a - t0, b - t0) for op, (a, b) in times.items()}
+    schedule = schedule_of(problem, times)
+    choices = {(op.stage, op.mb): Choice(problem.options.split_backward) for op in times}
+    try:
+        timing = simulate(problem, schedule)
+        inc.offer(build_plan(problem, schedule, timing, "milp (scip)", inc.key))
+    except ValueError:
+        pass
+    inc.offer(build_plan(problem, schedule, Timing(times, choices), "milp (scip)", inc.key))
+
+
+def _warm_start(problem: Problem, inc: Incumbent, solver, s, y, cmax) -> None:
+    """Hint the incumbent (AdaOffload-style warm start) when it uses neither offload nor recompute."""
+    if inc.plan is None:
+        return
+    try:
+        times, choices = plan_times(inc.plan, problem.options.split_backward, problem)
+    except ValueError:
+        return
+    if any(c.offload or c.recompute for c in choices.values()):
+        return
+    variables, values = [cmax], [inc.makespan]
+    for op, var in s.items():
+        variables.append(var)
+        values.append(times[op][0])
+    for (a, b), var in y.items():
+        variables.append(var)
+        values.append(1.0 if times[a][0] < times[b][0] else 0.0)
+    solver.SetHint(variables, values)
