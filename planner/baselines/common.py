@@ -1,0 +1,145 @@
+"""What every baseline shares: its two exceptions, op helpers, and the one way a schedule becomes a
+validated plan (simulate -> memory check -> build_plan -> assert_valid).
+
+Baselines only decide orders, gates and offload/recompute sets; timing, metrics and validation are the
+core's job, so a baseline cannot emit a plan the validator would reject.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..contract import Plan, Problem
+from ..memory import peak_memory
+from ..ops import BACKWARD_KINDS, Kind, Op, duration
+from ..simulator import DeviceOrder, Gate, Schedule, Timing, build_plan, simulate
+from ..validator import assert_valid
+
+TOL = 1e-6
+
+
+class NotApplicable(Exception):
+    """The baseline does not apply to this problem (placement, options); `reason` says why."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(reason)
+
+
+class DoesNotFit(Exception):
+    """The baseline's schedule exceeds some device's memory limit.
+
+    `needed_mib` is the schedule's peak per device (static memory included), so a caller can tell
+    how much memory this schedule would need.
+    """
+
+    def __init__(self, message: str, needed_mib: list[float]):
+        self.needed_mib = needed_mib
+        super().__init__(message)
+
+
+def backward_ops(problem: Problem, k: int, i: int, split: bool | None = None) -> list[Op]:
+    """B then W when splitting (allowed and wanted), else one BW."""
+    if split is None:
+        split = problem.options.split_backward
+    if split and problem.options.split_backward:
+        return [Op(Kind.B, k, i), Op(Kind.W, k, i)]
+    return [Op(Kind.BW, k, i)]
+
+
+def require_split(problem: Problem, name: str) -> None:
+    if not problem.options.split_backward:
+        raise NotApplicable(f"{name} splits the backward into B and W but options.split_backward is false")
+
+
+def require_one_chunk(problem: Problem, name: str) -> None:
+    if problem.chunks != 1:
+        raise NotApplicable(f"{name} needs one stage per device; this problem has {problem.chunks} per device")
+
+
+def require_chain_placement(problem: Problem, name: str) -> None:
+    """One stage per device and each stage on a distinct device (any permutation works)."""
+    require_one_chunk(problem, name)
+
+
+def is_loop_placement(problem: Problem) -> bool:
+    p = problem.num_devices
+    return all(s.device == problem.stages[k % p].device for k, s in enumerate(problem.stages)) and \
+        len({problem.stages[k].device for k in range(p)}) == p
+
+
+def is_v_placement(problem: Problem) -> bool:
+    p = problem.num_devices
+    if problem.chunks != 2:
+        return False
+    return all(problem.stages[k].device == problem.stages[2 * p - 1 - k].device for k in range(p))
+
+
+def peaks_of(problem: Problem, schedule: Schedule, timing: Timing) -> list[float]:
+    peaks = []
+    for d, order in enumerate(schedule.devices):
+        ops = order.compute + order.d2h + order.h2d
+        peaks.append(peak_memory(problem, d, timing.timed(ops), timing.choices))
+    return peaks
+
+
+def over_limit(problem: Problem, peaks: list[float]) -> list[int]:
+    return [d for d, peak in enumerate(peaks)
+            if peak > problem.limit_of(d) + TOL * max(1.0, abs(problem.limit_of(d)))]
+
+
+def does_not_fit(problem: Problem, name: str, peaks: list[float]) -> DoesNotFit:
+    over = over_limit(problem, peaks)
+    parts = [f"device {d} would need {peaks[d]:.1f} MiB but its limit is {problem.limit_of(d):.1f} MiB"
+             for d in over]
+    return DoesNotFit(f"{name} does not fit the memory limits: " + "; ".join(parts), peaks)
+
+
+def finalize(problem: Problem, schedule: Schedule, method: str, problem_key: str | None = None,
+             timing: Timing | None = None) -> Plan:
+    """Time the schedule, refuse it if it breaks a memory limit, and return the validated plan."""
+    timing = timing or simulate(problem, schedule)
+    peaks = peaks_of(problem, schedule, timing)
+    if over_limit(problem, peaks):
+        raise does_not_fit(problem, method, peaks)
+    plan = build_plan(problem, schedule, timing, method, problem_key=problem_key)
+    return assert_valid(problem, plan, problem_key)
+
+
+def schedule_of(problem: Problem, compute: list[list[Op]], treat: dict[tuple[int, int], str] | None = None,
+                gates: Iterable[Gate] = ()) -> Schedule:
+    """Turn per-device compute orders (F/B/W/BW only) into a Schedule, adding offload/recompute.
+
+    `treat[(k, i)]` is "offload" or "recompute". A recompute runs right before its backward. Offloads
+    copy out in forward order, as soon as the forward ends; reloads copy in in backward order, each gated
+    to start with the compute op that leaves just enough compute time before its backward to hide the
+    copy (a reload started as soon as possible would hold the memory the offload freed).
+    """
+    treat = treat or {}
+    devices: list[DeviceOrder] = []
+    all_gates = list(gates)
+    for order in compute:
+        out = DeviceOrder()
+        for op in order:
+            key = (op.stage, op.mb)
+            how = treat.get(key)
+            if op.kind is Kind.F and how == "offload":
+                out.d2h.append(Op(Kind.OFFLOAD, op.stage, op.mb))
+            if op.kind in BACKWARD_KINDS and how == "recompute":
+                out.compute.append(Op(Kind.RECOMPUTE, op.stage, op.mb))
+            if op.kind in BACKWARD_KINDS and how == "offload":
+                reload = Op(Kind.RELOAD, op.stage, op.mb)
+                out.h2d.append(reload)
+                lead = problem.stages[op.stage].reload_ms
+                acc = 0.0
+                for prev in reversed(out.compute):
+                    acc += duration(problem, prev)
+                    if acc >= lead - TOL:
+                        all_gates.append(Gate(reload, prev, at_end=False))
+                        break
+                else:
+                    if out.compute:
+                        all_gates.append(Gate(reload, out.compute[0], at_end=False))
+            out.compute.append(op)
+        devices.append(out)
+    return Schedule(devices, all_gates)

@@ -1,0 +1,393 @@
+"""An event-driven list scheduler: the one engine behind ZB-H1, ZB-H2, ZB-V and the greedy scheduler.
+
+Each device's compute lane, when free, picks among its ready ops by a fixed priority: a backward
+(or the recompute that precedes it) first, because it frees memory and unblocks the stage below;
+then a forward, if the stage's in-flight cap and the device's memory admit it; then a W to fill the
+bubble. Weight-gradient passes therefore drift into idle time, which is exactly the zero-bubble
+idea; the in-flight cap reproduces the ZB-H1 (1F1B's warm-up) and ZB-H2 (twice that) patterns, and the
+memory cap makes it the memory-aware greedy. Offloaded activations are copied out right after their
+forward and copied back, gated on the backward `lead` stages up the chain so the copy is hidden yet
+starts late. The engine only decides orders and gates; `simulate` re-times them and the caller checks
+memory on that timing, so a mistake here can cost speed but never validity.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..contract import Problem
+from ..ops import Choice, Kind, Op, duration, memory_delta
+from ..simulator import DeviceOrder, Gate, Schedule
+from .common import TOL
+
+Treat = Callable[[int, int], str | None]
+
+
+@dataclass
+class EngineConfig:
+    """How the engine prioritizes. `cap[k]`: most forwards of stage k whose backward has not started
+    (None = no count cap); `mem_cap[d]`: memory a device may use, static included (None = ignore
+    memory); `treat(k, i)`: "offload", "recompute" or None for the activation of (k, i)."""
+
+    split: bool
+    cap: list[int] | None = None
+    mem_cap: list[float] | None = None
+    treat: Treat | None = None
+    cap_until_w: bool = False  # the cap counts forwards whose W (not just B) is still pending
+    w_lag: list[int] | None = None  # a W jumps ahead of forwards once stage k has this many pending
+    w_tail: list[int] | None = None  # with w_lag: the last w_tail[k] W's of stage k only fill gaps
+    prefer_late_forward: bool = False  # among a device's stages, run the later stage's F first (V shape)
+
+
+class _Failed(Exception):
+    pass
+
+
+def run_engine(problem: Problem, cfg: EngineConfig) -> Schedule | None:
+    """Schedule every op; None when the engine blocks (memory it cannot free), so callers fall back."""
+    try:
+        return _Engine(problem, cfg).run()
+    except _Failed:
+        return None
+
+
+class _Engine:
+    def __init__(self, problem: Problem, cfg: EngineConfig):
+        self.p = problem
+        self.cfg = cfg
+        self.S = problem.num_stages
+        self.M = problem.num_microbatches
+        self.split = cfg.split and problem.options.split_backward
+        self.dev_of = [s.device for s in problem.stages]
+        self.stages_on = [problem.stages_of(d) for d in range(problem.num_devices)]
+        if cfg.prefer_late_forward:
+            self.f_order = [sorted(st, reverse=True) for st in self.stages_on]
+        else:
+            self.f_order = self.stages_on
+        self.nf = [0] * self.S
+        self.nb = [0] * self.S
+        self.nw = [0] * self.S
+        self.times: dict[Op, tuple[float, float]] = {}
+        self.choice: dict[tuple[int, int], Choice] = {}
+        D = problem.num_devices
+        self.lane_free = [0.0] * D
+        self.d2h_free = [0.0] * D
+        self.h2d_free = [0.0] * D
+        self.orders = [DeviceOrder() for _ in range(D)]
+        self.gates: list[Gate] = []
+        self.mem_on = cfg.mem_cap is not None
+        self.cap_mem = cfg.mem_cap or [math.inf] * D
+        self.level = [problem.devices[d].static_mib for d in range(D)]
+        self.future: list[list[tuple[float, int, float, Op]]] = [[] for _ in range(D)]
+        self.last_free: list[Op | None] = [None] * D
+        self.pending_restore: list[dict[tuple[int, int], float]] = [{} for _ in range(D)]
+        self.pending_reload: list[list[tuple[Op, Op]]] = [[] for _ in range(D)]
+        self.recompute_ready: dict[tuple[int, int], float] = {}
+        self.trigger: dict[tuple[int, int], list[int]] = {}
+        self.lead = [self._lead(k) for k in range(self.S)]
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _bwd(self, k: int, i: int) -> Op:
+        return Op(Kind.B if self.split else Kind.BW, k, i)
+
+    def _lead(self, k: int) -> int:
+        """The stage whose backward start triggers (k)'s reload: far enough up to hide the copy."""
+        need = self.p.stages[k].reload_ms
+        acc = 0.0
+        for j in range(k + 1, self.S):
+            s = self.p.stages[j]
+            acc += self.p.link_ms(j, j - 1) + s.backward_input_ms + (0.0 if self.split else s.backward_weight_ms)
+            if acc >= need - TOL:
+                return j
+        return self.S - 1 if k + 1 < self.S else k
+
+    def _fold(self, d: int, t: float) -> None:
+        fut = self.future[d]
+        if not fut:
+            return
+        keep = []
+        for ev in fut:
+            if ev[0] <= t + TOL:
+                self.level[d] += ev[2]
+                if ev[2] < 0:
+                    self.last_free[d] = ev[3]
+            else:
+                keep.append(ev)
+        self.future[d] = keep
+
+    def _peak_from(self, d: int, s: float) -> float:
+        """Highest known level at or after time s (events at s included)."""
+        level = self.level[d]
+        later = []
+        for ev in self.future[d]:
+            if ev[0] <= s + TOL:
+                level += ev[2]
+            else:
+                later.append(ev)
+        peak = level
+        later.sort(key=lambda e: (e[0], e[1]))
+        for ev in later:
+            level += ev[2]
+            peak = max(peak, level)
+        return peak
+
+    def _next_free_time(self, d: int, t: float) -> float:
+        return min((ev[0] for ev in self.future[d] if ev[2] < 0 and ev[0] > t + TOL), default=math.inf)
+
+    def _add_mem(self, d: int, op: Op, start: float, end: float) -> None:
+        if not self.mem_on:
+            return
+        delta = memory_delta(self.p, op, self.choice[(op.stage, op.mb)])
+        if delta.at_start:
+            self.future[d].append((start, 1, delta.at_start, op))
+        if delta.at_end:
+            self.future[d].append((end, 0, delta.at_end, op))
+
+    def _fits(self, d: int, s: float, amount: float, reserve: float = 0.0) -> bool:
+        if not self.mem_on:
+            return True
+        return self._peak_from(d, s) + amount + reserve <= self.cap_mem[d] + TOL * max(1.0, self.cap_mem[d])
+
+    def _dep_ready(self, op: Op, lag: float) -> float | None:
+        t = self.times.get(op)
+        return None if t is None else t[1] + lag
+
+    # -- readiness of the next candidates --------------------------------------------------------
+    def _ready_f(self, k: int) -> float | None:
+        i = self.nf[k]
+        if i >= self.M:
+            return None
+        if k == 0:
+            return 0.0
+        return self._dep_ready(Op(Kind.F, k - 1, i), self.p.link_ms(k - 1, k))
+
+    def _ready_b(self, k: int) -> float | None:
+        i = self.nb[k]
+        if i >= self.nf[k]:
+            return None
+        r = self.times[Op(Kind.F, k, i)][1]
+        if k + 1 < self.S:
+            up = self._dep_ready(self._bwd(k + 1, i), self.p.link_ms(k + 1, k))
+            if up is None:
+                return None
+            r = max(r, up)
+        ch = self.choice[(k, i)]
+        if ch.offload:
+            rl = self._dep_ready(Op(Kind.RELOAD, k, i), 0.0)
+            if rl is None:
+                return None
+            r = max(r, rl)
+        if ch.recompute:
+            rc = self._dep_ready(Op(Kind.RECOMPUTE, k, i), 0.0)
+            if rc is None:
+                return None
+            r = max(r, rc)
+        return r
+
+    def _ready_w(self, k: int) -> float | None:
+        if not self.split or self.nw[k] >= self.nb[k]:
+            return None
+        return self.times[Op(Kind.B, k, self.nw[k])][1]
+
+    # -- scheduling ------------------------------------------------------------------------------
+    def _place(self, d: int, op: Op, start: float) -> float:
+        end = start + duration(self.p, op)
+        self.times[op] = (start, end)
+        self.orders[d].compute.append(op)
+        self.lane_free[d] = end
+        self._add_mem(d, op, start, end)
+        return end
+
+    def _start_forward(self, d: int, k: int, t: float, gate_on: Op | None) -> None:
+        i = self.nf[k]
+        op = Op(Kind.F, k, i)
+        if gate_on is not None:
+            self.gates.append(Gate(op, gate_on, at_end=True))
+        self._place(d, op, t)
+        self.nf[k] += 1
+        s = self.p.stages[k]
+        ch = self.choice[(k, i)]
+        end = self.times[op][1]
+        if ch.offload:
+            off = Op(Kind.OFFLOAD, k, i)
+            start = max(end, self.d2h_free[d])
+            self.times[off] = (start, start + s.offload_ms)
+            self.d2h_free[d] = start + s.offload_ms
+            self.orders[d].d2h.append(off)
+            self._add_mem(d, off, start, start + s.offload_ms)
+            self.pending_restore[d][(k, i)] = s.offloadable_mib
+            self.trigger.setdefault((self.lead[k], i), []).append(k)
+        elif ch.recompute:
+            self.pending_restore[d][(k, i)] = s.activation_mib - s.checkpoint_mib
+            if k + 1 < self.S:
+                self.trigger.setdefault((k + 1, i), []).append(k)
+            else:
+                self.recompute_ready[(k, i)] = end
+        if k + 1 == self.S:
+            self._fire(k, i, op)
+
+    def _fire(self, j: int, i: int, trig: Op) -> None:
+        """`trig` (stage j's backward, or the last stage's forward) of microbatch i started: start the
+        restores it leads."""
+        for k in self.trigger.pop((j, i), []):
+            d = self.dev_of[k]
+            ch = self.choice[(k, i)]
+            if ch.offload:
+                self.pending_reload[d].append((Op(Kind.RELOAD, k, i), trig))
+            else:
+                self.recompute_ready[(k, i)] = self.times[trig][0]
+                self.gates.append(Gate(Op(Kind.RECOMPUTE, k, i), trig, at_end=False))
+
+    def _issue_reloads(self, d: int, now: float) -> None:
+        queue = self.pending_reload[d]
+        while queue:
+            rl, trig = queue[0]
+            off = self.times[Op(Kind.OFFLOAD, rl.stage, rl.mb)]
+            start = max(self.h2d_free[d], off[1], self.times[trig][0])
+            amount = self.p.stages[rl.stage].offloadable_mib
+            gate_free = None
+            if not self._fits(d, start, amount):
+                start = max(start, now)
+                if not self._fits(d, start, amount):
+                    return
+                gate_free = self.last_free[d]
+            queue.pop(0)
+            self.gates.append(Gate(rl, trig, at_end=False))
+            if gate_free is not None:
+                self.gates.append(Gate(rl, gate_free, at_end=True))
+            dur = self.p.stages[rl.stage].reload_ms
+            self.times[rl] = (start, start + dur)
+            self.h2d_free[d] = start + dur
+            self.orders[d].h2d.append(rl)
+            self._add_mem(d, rl, start, start + dur)
+            self.pending_restore[d].pop((rl.stage, rl.mb), None)
+
+    def _tail(self, k: int) -> int:
+        return self.cfg.w_tail[k] if self.cfg.w_tail is not None else self.M
+
+    def _choose(self, d: int, t: float) -> tuple[float, bool]:
+        """Start one op on device d at time t if any is ready; else return the next time to look."""
+        nxt = math.inf
+        # 1. backward (most advanced microbatch first: lowest mb, then latest stage)
+        best = None
+        for k in self.stages_on[d]:
+            r = self._ready_b(k)
+            if r is None:
+                continue
+            if r <= t + TOL:
+                key = (self.nb[k], -k)
+                if best is None or key < best[0]:
+                    best = (key, k)
+            else:
+                nxt = min(nxt, r)
+        if best is not None:
+            k = best[1]
+            i = self.nb[k]
+            op = self._bwd(k, i)
+            self._place(d, op, t)
+            self.nb[k] += 1
+            self.pending_restore[d].pop((k, i), None)
+            self._fire(k, i, op)
+            return t, True
+        # 2. recompute for a backward that is on its way
+        for k in self.stages_on[d]:
+            i = self.nb[k]
+            if i < self.nf[k] and (k, i) in self.recompute_ready and Op(Kind.RECOMPUTE, k, i) not in self.times:
+                r = max(self.recompute_ready[(k, i)], self.times[Op(Kind.F, k, i)][1])
+                s = self.p.stages[k]
+                if r > t + TOL:
+                    nxt = min(nxt, r)
+                    continue
+                if not self._fits(d, t, s.activation_mib - s.checkpoint_mib):
+                    continue
+                self.pending_restore[d].pop((k, i), None)
+                self._place(d, Op(Kind.RECOMPUTE, k, i), t)
+                return t, True
+        # 3. a weight gradient that has waited long enough (bounds the memory W-deferral holds)
+        if self.cfg.w_lag is not None:
+            for k in self.stages_on[d]:
+                r = self._ready_w(k)
+                if r is not None and r <= t + TOL and (self.nb[k] - self.nw[k] >= self.cfg.w_lag[k]
+                                                       or self.nw[k] < self.M - self._tail(k)):
+                    self._place(d, Op(Kind.W, k, self.nw[k]), t)
+                    self.nw[k] += 1
+                    return t, True
+        # 4. forward, within the stage's cap and the device's memory (keeping room for one restore)
+        for k in self.f_order[d]:
+            r = self._ready_f(k)
+            if r is None:
+                continue
+            done = self.nw[k] if self.cfg.cap_until_w and self.split else self.nb[k]
+            if self.cfg.cap is not None and self.nf[k] - done >= self.cfg.cap[k]:
+                continue
+            if r > t + TOL:
+                nxt = min(nxt, r)
+                continue
+            i = self.nf[k]
+            if (k, i) not in self.choice:
+                self.choice[(k, i)] = self._decide(k, i)
+            ch = self.choice[(k, i)]
+            s = self.p.stages[k]
+            alloc = s.checkpoint_mib if ch.recompute else s.activation_mib
+            reserve = max(self.pending_restore[d].values(), default=0.0)
+            if not self._fits(d, t, alloc, reserve):
+                continue
+            self._start_forward(d, k, t, self.last_free[d] if self.mem_on else None)
+            return t, True
+        # 5. weight gradient to fill the gap
+        for k in self.stages_on[d]:
+            r = self._ready_w(k)
+            if r is None:
+                continue
+            if r <= t + TOL:
+                op = Op(Kind.W, k, self.nw[k])
+                self._place(d, op, t)
+                self.nw[k] += 1
+                return t, True
+            nxt = min(nxt, r)
+        if self.mem_on:
+            nxt = min(nxt, self._next_free_time(d, t))
+        return nxt, False
+
+    def _decide(self, k: int, i: int) -> Choice:
+        how = self.cfg.treat(k, i) if self.cfg.treat else None
+        opts = self.p.options
+        return Choice(split=self.split, offload=how == "offload" and opts.offload,
+                      recompute=how == "recompute" and opts.recompute)
+
+    def run(self) -> Schedule:
+        D = self.p.num_devices
+        heap = [(0.0, d) for d in range(D)]
+        heapq.heapify(heap)
+        sleeping: set[int] = set()
+        total = self.S * self.M
+        done_devices = 0
+        while heap:
+            t, d = heapq.heappop(heap)
+            if t < self.lane_free[d] - TOL:
+                heapq.heappush(heap, (self.lane_free[d], d))
+                continue
+            if self.mem_on:
+                self._fold(d, t)
+            self._issue_reloads(d, t)
+            when, started = self._choose(d, t)
+            if started:
+                heapq.heappush(heap, (self.lane_free[d], d))
+                for other in list(sleeping):
+                    sleeping.discard(other)
+                    heapq.heappush(heap, (max(t, self.lane_free[other]), other))
+                continue
+            if all(self.nw[k] == self.M if self.split else self.nb[k] == self.M for k in self.stages_on[d]):
+                done_devices += 1
+                continue
+            if math.isfinite(when):
+                heapq.heappush(heap, (when, d))
+            else:
+                sleeping.add(d)
+        finished = sum(self.nw[k] if self.split else self.nb[k] for k in range(self.S))
+        if finished < total:
+            raise _Failed(f"engine blocked with {total - finished} backwards left")
+        return Schedule(self.orders, self.gates)

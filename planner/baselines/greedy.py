@@ -1,0 +1,99 @@
+"""The memory-aware greedy scheduler: the list-scheduling engine on the real costs, told every device's
+memory limit, tried with a few warm-up caps, W policies and offload/recompute sets; the fastest variant
+that fits wins. When none fits, the serialized schedule (which fits whenever the limits are at least
+bounds.min_memory) answers, so greedy always returns a plan for a feasible budget.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..contract import Plan, Problem
+from ..simulator import ScheduleError
+from .classic import serialized_schedule
+from .common import DoesNotFit, finalize
+from .engine import EngineConfig, Treat, run_engine
+
+
+def min_lifetime(problem: Problem, k: int) -> float:
+    """Least time from F(k, i)'s end to its backward's start: the rest of the pipeline, both ways."""
+    t = 0.0
+    for j in range(k + 1, problem.num_stages):
+        s = problem.stages[j]
+        t += 2 * problem.link_ms(j - 1, j) + s.forward_ms + s.backward_input_ms
+    return t
+
+
+def reducing_treat(problem: Problem, mode: str) -> Treat | None:
+    """Which activations the greedy reduces: every stage but the last whose activation waits longer
+    than the offload round trip (for offload) or whose recompute frees memory (for recompute)."""
+    opts = problem.options
+    chosen: dict[int, str] = {}
+    for k in range(problem.num_stages - 1):
+        s = problem.stages[k]
+        wait = 2 * min_lifetime(problem, k)
+        can_off = opts.offload and s.offloadable_mib > 0 and s.offload_ms + s.reload_ms < wait
+        can_rec = opts.recompute and s.activation_mib - s.checkpoint_mib > 0
+        if mode == "offload" and can_off:
+            chosen[k] = "offload"
+        elif mode == "recompute" and can_rec:
+            chosen[k] = "recompute"
+        elif mode == "mixed" and (can_off or can_rec):
+            chosen[k] = "offload" if can_off else "recompute"
+    if not chosen:
+        return None
+    return lambda k, i: chosen.get(k)
+
+
+def _variants(problem: Problem) -> list[tuple[str, EngineConfig]]:
+    s = problem.num_stages
+    split = problem.options.split_backward
+    limits = [problem.limit_of(d) for d in range(problem.num_devices)]
+    mem = None if all(math.isinf(x) for x in limits) else limits
+    caps: list[tuple[str, list[int] | None]] = [("1f1b", [s - k for k in range(s)]),
+                                                 ("2x", [2 * (s - k) - 1 for k in range(s)])]
+    if problem.chunks > 1:
+        caps = [("mem", None)] + caps
+    out = []
+    for cap_name, cap in caps:
+        for w_name, lag, tail in [("lean", [10**9] * s, [s] * s), ("fill", None, None)]:
+            if not split and w_name == "fill":
+                continue
+            out.append((f"{cap_name},{w_name}" if split else cap_name,
+                        EngineConfig(split=split, cap=cap, mem_cap=mem, w_lag=lag, w_tail=tail)))
+    return out
+
+
+def greedy_plan(problem: Problem, problem_key: str | None = None, budget_runs: int | None = None) -> Plan:
+    """Fastest fitting variant of the memory-aware engine, else the serialized schedule."""
+    best: Plan | None = None
+    failures: list[DoesNotFit] = []
+    variants = _variants(problem)
+    treats: list[tuple[str, Treat | None]] = [("", None)]
+    for mode in ("offload", "recompute"):
+        t = reducing_treat(problem, mode)
+        if t is not None:
+            treats.append((mode, t))
+    runs = 0
+    for treat_name, treat in treats:
+        for name, cfg in variants:
+            if budget_runs is not None and runs >= budget_runs and best is not None:
+                break
+            runs += 1
+            cfg.treat = treat
+            schedule = run_engine(problem, cfg)
+            if schedule is None:
+                continue
+            label = f"greedy({name}{', ' + treat_name if treat_name else ''})"
+            try:
+                plan = finalize(problem, schedule, label, problem_key)
+            except DoesNotFit as exc:
+                failures.append(exc)
+                continue
+            except ScheduleError:
+                continue
+            if best is None or plan.makespan_ms < best.makespan_ms - 1e-9:
+                best = plan
+    if best is not None:
+        return best
+    return finalize(problem, serialized_schedule(problem), "greedy(serialized)", problem_key)

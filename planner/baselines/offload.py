@@ -1,0 +1,180 @@
+"""Offload-based baselines: PipeOffload-style (uniform and selective) and AdaOffload.
+
+Both start from a dense schedule's compute orders and add offload (or recompute) for chosen
+activations through `schedule_of`, which gates each reload to start just early enough to hide it
+before its backward. AdaOffload picks activations longest-lived first, only where memory is over the
+limit, and never offloads one that lives shorter than its round trip: its memory would come back
+before the copy out even finished (DESIGN.md section 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..contract import Plan, Problem
+from ..ops import BACKWARD_KINDS, Kind, Op
+from ..simulator import ScheduleError, Timing, simulate
+from .classic import interleaved_schedule, one_f_one_b_orders
+from .common import TOL, DoesNotFit, NotApplicable, finalize, over_limit, peaks_of, schedule_of
+from .zero_bubble import zb_h1_lean_schedule, zb_h2_schedule, zb_v_schedule
+
+Orders = list[list[Op]]
+MAX_ROUNDS = 12
+
+
+def _compute(schedule) -> Orders:
+    return [list(d.compute) for d in schedule.devices]
+
+
+def dense_bases(problem: Problem) -> list[tuple[str, Orders]]:
+    """The dense schedules that apply to this problem, as compute orders (no offload yet)."""
+    builders: list[tuple[str, Callable[[], Orders]]] = [
+        ("zb-h2", lambda: _compute(zb_h2_schedule(problem))),
+        ("zb-h1", lambda: _compute(zb_h1_lean_schedule(problem))),
+        ("1f1b", lambda: one_f_one_b_orders(problem)),
+        ("interleaved-1f1b", lambda: _compute(interleaved_schedule(problem)[0])),
+        ("zb-v", lambda: _compute(zb_v_schedule(problem.model_copy(update={
+            "devices": [d.model_copy(update={"memory_limit_mib": None}) for d in problem.devices]})))),
+    ]
+    out = []
+    for name, build in builders:
+        try:
+            out.append((name, build()))
+        except (NotApplicable, ScheduleError):
+            continue
+    return out
+
+
+def _lifetimes(problem: Problem, timing: Timing) -> dict[tuple[int, int], tuple[float, float]]:
+    """(F end, backward start) of every activation."""
+    out = {}
+    for op, (start, _) in timing.times.items():
+        if op.kind in BACKWARD_KINDS:
+            out[(op.stage, op.mb)] = (timing.times[Op(Kind.F, op.stage, op.mb)][1], start)
+    return out
+
+
+def _saving(problem: Problem, k: int, how: str) -> float:
+    s = problem.stages[k]
+    return s.offloadable_mib if how == "offload" else s.activation_mib - s.checkpoint_mib
+
+
+def _how(problem: Problem, k: int, life: float) -> str | None:
+    """Offload when it saves memory (lives longer than the round trip); else recompute if allowed."""
+    s = problem.stages[k]
+    opts = problem.options
+    if opts.offload and s.offloadable_mib > 0 and life > s.offload_ms + s.reload_ms + TOL:
+        if not (opts.recompute and s.activation_mib - s.checkpoint_mib > s.offloadable_mib
+                and s.recompute_ms <= 0):
+            return "offload"
+    if opts.recompute and s.activation_mib - s.checkpoint_mib > 0 and k + 1 < problem.num_stages:
+        return "recompute"
+    return None
+
+
+def _grow(problem: Problem, timing: Timing, schedule, treat: dict[tuple[int, int], str],
+          peaks: list[float]) -> bool:
+    """Add treatments, longest-lived first, at every instant a device is over its limit."""
+    from ..memory import memory_curve
+
+    life = _lifetimes(problem, timing)
+    added = False
+    for d in over_limit(problem, peaks):
+        limit = problem.limit_of(d)
+        order = schedule.devices[d]
+        curve = memory_curve(problem, d, timing.timed(order.compute + order.d2h + order.h2d), timing.choices)
+        over = sorted(((level, t) for t, level in curve if level > limit + TOL), reverse=True)
+        mine = [(k, i) for k in problem.stages_of(d) for i in range(problem.num_microbatches)]
+        for level, t in over:
+            # what the treatments chosen so far already save at t (approximately, on this timing)
+            excess = level - limit
+            for key in mine:
+                how = treat.get(key)
+                if how and key in life and life[key][0] <= t <= life[key][1]:
+                    excess -= 0.0 if timing.choices[key].offload or timing.choices[key].recompute \
+                        else _saving(problem, key[0], how)
+            if excess <= TOL:
+                continue
+            alive = [key for key in mine if key not in treat and key in life
+                     and life[key][0] - TOL <= t <= life[key][1] + TOL]
+            alive.sort(key=lambda key: life[key][1] - life[key][0], reverse=True)
+            for key in alive:
+                how = _how(problem, key[0], life[key][1] - life[key][0])
+                if how is None:
+                    continue
+                treat[key] = how
+                added = True
+                excess -= _saving(problem, key[0], how)
+                if excess <= TOL:
+                    break
+    return added
+
+
+def _label(base: str, treat: dict[tuple[int, int], str]) -> str:
+    off = sum(1 for h in treat.values() if h == "offload")
+    rec = len(treat) - off
+    parts = [f"{off} offloads"] if off else []
+    parts += [f"{rec} recomputes"] if rec else []
+    return f"adaoffload({base}, {', '.join(parts) or 'no offload'})"
+
+
+def adaoffload_plan(problem: Problem, problem_key: str | None = None) -> Plan:
+    """Dense schedule, then offload/recompute the longest-lived activations until every device fits."""
+    opts = problem.options
+    if not (opts.offload or opts.recompute):
+        raise NotApplicable("adaoffload needs options.offload or options.recompute")
+    best: Plan | None = None
+    last_error: DoesNotFit | None = None
+    for base, orders in dense_bases(problem):
+        treat: dict[tuple[int, int], str] = {}
+        for _ in range(MAX_ROUNDS):
+            schedule = schedule_of(problem, orders, treat)
+            timing = simulate(problem, schedule)
+            peaks = peaks_of(problem, schedule, timing)
+            if not over_limit(problem, peaks):
+                plan = finalize(problem, schedule, _label(base, treat), problem_key, timing)
+                if best is None or plan.makespan_ms < best.makespan_ms - 1e-9:
+                    best = plan
+                break
+            if best is not None and timing.makespan >= best.makespan_ms:
+                break  # already slower than a plan that fits; more offload will not help
+            if not _grow(problem, timing, schedule, treat, peaks):
+                last_error = DoesNotFit(f"adaoffload({base}) cannot fit: " + ", ".join(
+                    f"device {d} needs {peaks[d]:.1f} MiB > limit {problem.limit_of(d):.1f} MiB"
+                    for d in over_limit(problem, peaks)), peaks)
+                break
+    if best is None:
+        raise last_error or DoesNotFit("adaoffload: no dense schedule fits even with offload", [])
+    return best
+
+
+def pipeoffload_plan(problem: Problem, problem_key: str | None = None) -> Plan:
+    """PipeOffload-style: offload every activation whose stage is not the last of the pipeline
+    (uniform), or only those that live longer than their round trip (selective), on 1F1B /
+    interleaved 1F1B / ZB-H1; the fastest that fits wins."""
+    if not problem.options.offload:
+        raise NotApplicable("pipeoffload needs options.offload")
+    s, m = problem.num_stages, problem.num_microbatches
+    best: Plan | None = None
+    last_error: DoesNotFit | None = None
+    bases = [b for b in dense_bases(problem) if b[0] in ("1f1b", "interleaved-1f1b", "zb-h1", "zb-v")]
+    for base, orders in bases:
+        uniform = {(k, i): "offload" for k in range(s - 1) for i in range(m)
+                   if problem.stages[k].offloadable_mib > 0}
+        plain = schedule_of(problem, orders)
+        life = _lifetimes(problem, simulate(problem, plain))
+        selective = {key: "offload" for key in uniform
+                     if life[key][1] - life[key][0] > problem.stages[key[0]].offload_ms
+                     + problem.stages[key[0]].reload_ms + TOL}
+        for kind, treat in (("uniform", uniform), ("selective", selective)):
+            try:
+                plan = finalize(problem, schedule_of(problem, orders, treat),
+                                f"pipeoffload({kind}, {base}, {len(treat)} offloads)", problem_key)
+            except DoesNotFit as exc:
+                last_error = exc
+                continue
+            if best is None or plan.makespan_ms < best.makespan_ms - 1e-9:
+                best = plan
+    if best is None:
+        raise last_error or NotApplicable("pipeoffload: no base schedule applies")
+    return best

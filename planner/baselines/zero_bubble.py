@@ -1,0 +1,77 @@
+"""Zero-bubble schedules (Qi et al., 2023) built by the list-scheduling engine.
+
+ZB-H1 keeps 1F1B's warm-up (at most S-k forwards of stage k ahead of its backwards) and lets W passes
+fill the bubbles; ZB-H2 doubles the warm-up (2(S-k)-1) so the start-up bubble is filled with forwards
+too. ZB-V places stage k and 2P-1-k on one device and runs both chunks under 1F1B's memory.
+"""
+
+from __future__ import annotations
+
+from ..contract import Problem
+from ..simulator import Schedule
+from .common import NotApplicable, is_v_placement, require_one_chunk, require_split
+from .engine import EngineConfig, run_engine
+
+
+def unit_twin(problem: Problem) -> Problem:
+    """The same placement and sizes with F = B = W = 1 and free links: the handcrafted patterns are
+    defined on it, then re-timed with the real costs (as the peers' generators are)."""
+    stages = [s.model_copy(update={"forward_ms": 1.0, "backward_input_ms": 1.0, "backward_weight_ms": 1.0,
+                                   "recompute_ms": 1.0})
+              for s in problem.stages]
+    return problem.model_copy(update={"stages": stages, "p2p_ms": 0.0})
+
+
+def zb_h1_schedule(problem: Problem) -> Schedule:
+    """ZB-H1: 1F1B's warm-up, every W deferred into the bubbles (on the unit-cost pattern)."""
+    require_split(problem, "zb-h1")
+    require_one_chunk(problem, "zb-h1")
+    s = problem.num_stages
+    return _run(unit_twin(problem), EngineConfig(split=True, cap=[s - k for k in range(s)]))
+
+
+def zb_h1_lean_schedule(problem: Problem) -> Schedule:
+    """ZB-H1 at 1F1B's memory even when W holds the activation: W right after its B except for the
+    last S microbatches, whose W's fill the cool-down (the ZB automatic scheduler's answer at 1p)."""
+    require_split(problem, "zb-h1")
+    require_one_chunk(problem, "zb-h1")
+    s = problem.num_stages
+    return _run(unit_twin(problem), EngineConfig(split=True, cap=[s - k for k in range(s)],
+                                                 w_lag=[10**9] * s, w_tail=[s] * s))
+
+
+def zb_h2_schedule(problem: Problem) -> Schedule:
+    """ZB-H2: twice 1F1B's warm-up so forwards fill the start-up bubble; W's fill the rest."""
+    require_split(problem, "zb-h2")
+    require_one_chunk(problem, "zb-h2")
+    s = problem.num_stages
+    return _run(unit_twin(problem), EngineConfig(split=True, cap=[2 * (s - k) - 1 for k in range(s)],
+                                                 w_lag=[10**9] * s, w_tail=[2 * s] * s))
+
+
+def one_f_one_b_memory(problem: Problem) -> list[float]:
+    """1F1B's per-device activation peak for the same model on P devices: the 1p budget of ZB-V."""
+    p = problem.num_devices
+    out = []
+    for d in range(p):
+        stages = problem.stages_of(d)
+        mean = sum(problem.stages[k].activation_mib for k in stages) / len(stages)
+        out.append(problem.devices[d].static_mib + p * mean * problem.chunks)
+    return out
+
+
+def zb_v_schedule(problem: Problem) -> Schedule:
+    require_split(problem, "zb-v")
+    if not is_v_placement(problem):
+        raise NotApplicable("zb-v needs V placement: 2 stages per device, stage k and 2P-1-k together")
+    p = problem.num_devices
+    budget = one_f_one_b_memory(problem)
+    caps = [min(b, problem.limit_of(d)) for d, b in enumerate(budget)]
+    return _run(problem, EngineConfig(split=True, mem_cap=caps, prefer_late_forward=True), f"zb-v (P={p})")
+
+
+def _run(problem: Problem, cfg: EngineConfig, what: str = "zero-bubble") -> Schedule:
+    schedule = run_engine(problem, cfg)
+    if schedule is None:
+        raise NotApplicable(f"{what}: the list scheduler could not place every op under its caps")
+    return schedule
