@@ -12,15 +12,16 @@ read from `app.state.pipeplan` (the service's ServiceState: repository, event hu
 from __future__ import annotations
 
 import asyncio
+import hmac
 import math
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.templating import Jinja2Templates
@@ -41,8 +42,33 @@ ONE_F_ONE_B_BUDGET_S = 0.25  # per overview request; the rest of the page's 1F1B
 KEEPALIVE_S = 15.0
 RECHECK_S = 5.0  # pub/sub is at-most-once: SSE streams re-read the database this often
 
+KEY_COOKIE = "pipeplan_api_key"
+
+
+class KeyRequired(Exception):
+    """Reads are key-gated and the browser presented no valid key: show the key form instead."""
+
+
+def require_read_key(request: Request) -> None:
+    """Honour `read_requires_key`: a page load cannot send a header, so the key the user typed
+    (stored in localStorage) also travels as a same-site cookie; API clients may send the header."""
+    settings = _state_attr(request, "settings")
+    keys = list(getattr(settings, "api_keys", None) or [])
+    if not keys or not getattr(settings, "read_requires_key", False):
+        return
+    auth = request.headers.get("authorization", "")
+    presented = (auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key")) \
+        or unquote(request.cookies.get(KEY_COOKIE) or "") or None
+    ok = False
+    for key in keys:  # constant time, no early exit
+        ok |= presented is not None and hmac.compare_digest(presented.encode(), key.encode())
+    if not ok:
+        raise KeyRequired()
+
+
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 router = APIRouter(prefix=PREFIX, tags=["dashboard"], include_in_schema=False)
+gated = [Depends(require_read_key)]
 
 BASELINES = data.BaselineCache()
 RENDERS = data.RenderCache()
@@ -90,6 +116,16 @@ def _ctx(request: Request, **values: Any) -> dict[str, Any]:
     return {"base": PREFIX, "asset_version": ASSET_VERSION, **values}
 
 
+def mount(app) -> None:
+    """Called by the app factory after including the router: the key form for gated reads."""
+
+    @app.exception_handler(KeyRequired)
+    async def _key_required(request: Request, exc: KeyRequired) -> HTMLResponse:
+        response = templates.TemplateResponse(request, "dashboard/locked.html", _ctx(request), status_code=401)
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+
 # -- static files ----------------------------------------------------------------------------------
 
 @router.get("/static/{name}")
@@ -114,12 +150,12 @@ def _rows(repo, items: list[dict[str, Any]], budget_s: float) -> list[data.Overv
     return [data.overview_row(item, figures.get(item["problem_key"]), now) for item in items]
 
 
-@router.get("", response_class=HTMLResponse)
+@router.get("", response_class=HTMLResponse, dependencies=gated)
 def overview_noslash() -> RedirectResponse:
     return RedirectResponse(PREFIX + "/", status_code=307)
 
 
-@router.get("/", response_class=HTMLResponse)
+@router.get("/", response_class=HTMLResponse, dependencies=gated)
 def overview(
     request: Request,
     page: int = Query(1, ge=1),
@@ -162,7 +198,7 @@ def overview(
     ))
 
 
-@router.get("/rows/{key}", response_class=HTMLResponse)
+@router.get("/rows/{key}", response_class=HTMLResponse, dependencies=gated)
 def overview_row(request: Request, key: str) -> HTMLResponse:
     """One overview `<tr>`, re-fetched by the page when an event names the key."""
     repo = _repo(request)
@@ -253,35 +289,25 @@ def _baseline_rows(key: str, problem: Problem, plan: Plan) -> tuple[list[dict[st
     return (out if rows else []), note
 
 
-@router.get("/plans/{key}", response_class=HTMLResponse)
+@router.get("/plans/{key}", response_class=HTMLResponse, dependencies=gated)
 def plan_page(request: Request, key: str) -> HTMLResponse:
     repo = _repo(request)
     problem, plan = _load_plan(repo, key)
     baselines, note = _baseline_rows(key, problem, plan)
     return templates.TemplateResponse(request, "dashboard/plan.html", _ctx(
         request, summary=views.config_summary(problem), baselines=baselines, baselines_note=note,
-        chrome_trace_href=f"{PREFIX}/plans/{key}/trace.json",
+        chrome_trace_href=f"/v1/plans/{key}/export/chrome-trace.json",
         **_live_ctx(request, repo, key, problem, plan),
     ))
 
 
-@router.get("/plans/{key}/live", response_class=HTMLResponse)
+@router.get("/plans/{key}/live", response_class=HTMLResponse, dependencies=gated)
 def plan_live(request: Request, key: str) -> HTMLResponse:
     """The parts of the plan page that change with a new revision or job state."""
     repo = _repo(request)
     problem, plan = _load_plan(repo, key)
     return templates.TemplateResponse(request, "dashboard/_plan_live.html",
                                       _ctx(request, **_live_ctx(request, repo, key, problem, plan)))
-
-
-@router.get("/plans/{key}/trace.json")
-def plan_trace(request: Request, key: str) -> JSONResponse:
-    """Chrome trace of the best plan (planner.exports.chrome_trace), for chrome://tracing / Perfetto."""
-    from planner.exports import chrome_trace
-
-    problem, plan = _load_plan(_repo(request), key)
-    return JSONResponse(chrome_trace(problem, plan), headers={
-        "Content-Disposition": f'attachment; filename="trace-{key[:12]}-r{plan.revision}.json"'})
 
 
 # -- live events ----------------------------------------------------------------------------------------
@@ -291,7 +317,7 @@ def _snapshot(repo, key: str) -> tuple[int | None, str | None]:
     return repo.best_revision(key), (job.state if job else None)
 
 
-@router.get("/events", response_class=EventSourceResponse)
+@router.get("/events", response_class=EventSourceResponse, dependencies=gated)
 async def events(request: Request, key: str | None = Query(None, max_length=64)):
     """Revision and job-state events for one key, or for every key (the overview).
 
@@ -300,13 +326,16 @@ async def events(request: Request, key: str | None = Query(None, max_length=64))
     """
     repo = _repo(request)
     hub = _hub(request)
+    settings = _state_attr(request, "settings")
+    keepalive_s = float(getattr(settings, "sse_keepalive_s", KEEPALIVE_S))
+    recheck_s = float(getattr(settings, "sse_poll_s", RECHECK_S))
     yield ServerSentEvent(comment="connected", retry=2000)
     last = await run_in_threadpool(_snapshot, repo, key) if key else None
-    next_check = time.monotonic() + RECHECK_S
+    next_check = time.monotonic() + recheck_s
     quiet_since = time.monotonic()
     with _subscribe(hub, key or "*") as sub:
         while True:
-            wait = KEEPALIVE_S if not key else max(0.05, min(KEEPALIVE_S, next_check - time.monotonic()))
+            wait = keepalive_s if not key else max(0.05, min(keepalive_s, next_check - time.monotonic()))
             message = await _next(sub, wait)
             if message:
                 quiet_since = time.monotonic()
@@ -316,7 +345,7 @@ async def events(request: Request, key: str | None = Query(None, max_length=64))
                     last = await run_in_threadpool(_snapshot, repo, key)
                 continue
             if key and time.monotonic() >= next_check:
-                next_check = time.monotonic() + RECHECK_S
+                next_check = time.monotonic() + recheck_s
                 now = await run_in_threadpool(_snapshot, repo, key)
                 if now[0] != last[0]:
                     yield ServerSentEvent(event="revision", data={"type": "revision", "key": key,
@@ -325,7 +354,7 @@ async def events(request: Request, key: str | None = Query(None, max_length=64))
                     yield ServerSentEvent(event="job", data={"type": "job", "key": key, "state": now[1]})
                 if now != last:
                     last, quiet_since = now, time.monotonic()
-            if time.monotonic() - quiet_since >= KEEPALIVE_S:
+            if time.monotonic() - quiet_since >= keepalive_s:
                 quiet_since = time.monotonic()
                 yield ServerSentEvent(comment="keepalive")
 

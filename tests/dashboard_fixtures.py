@@ -59,3 +59,23 @@ def gpipe_plan(problem: Problem, offload_every: int = 0, one_f_one_b: bool = Fal
 
 def op_count(plan: Plan) -> int:
     return sum(len(dp.ops) for dp in plan.devices)
+
+
+def slow_plan(problem: Problem) -> Plan:
+    """A valid but deliberately poor plan (stage 0 runs its forwards in reverse microbatch order, so
+    the whole pipeline waits): any solver warm-started from it finds a better one at once."""
+    m = problem.num_microbatches
+    devices = []
+    for d in range(problem.num_devices):
+        order = DeviceOrder()
+        for k in problem.stages_of(d):
+            mbs = range(m - 1, -1, -1) if k == 0 else range(m)
+            order.compute += [Op(Kind.F, k, i) for i in mbs]
+        for k in reversed(problem.stages_of(d)):
+            for i in range(m):
+                order.compute += [Op(Kind.B, k, i), Op(Kind.W, k, i)]
+        devices.append(order)
+    schedule = Schedule(devices)
+    plan = build_plan(problem, schedule, simulate(problem, schedule), method="slow seed (test fixture)")
+    assert_valid(problem, plan)
+    return plan

@@ -13,12 +13,22 @@
     return h;
   }
 
+  /* When the service key-gates reads, page loads carry the key as a same-site cookie. */
+  function setKeyCookie(k) {
+    document.cookie = "pipeplan_api_key=" + encodeURIComponent(k) + "; path=/; SameSite=Strict" +
+      (k ? "" : "; max-age=0");
+  }
+  if (apiKey() && document.cookie.indexOf("pipeplan_api_key=") < 0) { setKeyCookie(apiKey()); }
+
   /* API key box: stored in this browser only, sent with refine / cancel. */
   var keyInput = document.getElementById("api-key");
   if (keyInput) {
     keyInput.value = apiKey();
     keyInput.addEventListener("change", function () {
-      try { localStorage.setItem(KEY_STORE, keyInput.value.trim()); } catch (e) { /* private mode */ }
+      var k = keyInput.value.trim();
+      try { localStorage.setItem(KEY_STORE, k); } catch (e) { /* private mode */ }
+      setKeyCookie(k);
+      if (document.getElementById("locked")) { window.location.reload(); }
     });
   }
 
@@ -115,22 +125,29 @@
 
   var overview = document.getElementById("plans-table");
   if (overview) {
-    listen(base + "/events", function (name, data) {
-      if (!data.key) { return; }
-      var row = document.getElementById("row-" + data.key);
-      if (!row) { return; }  /* not on this page: the server-side order is kept until the user asks */
-      fetch(base + "/rows/" + encodeURIComponent(data.key), { headers: { "Accept": "text/html" } })
+    var refreshRow = function (key, flash) {
+      var row = document.getElementById("row-" + key);
+      if (!row) { return Promise.resolve(); }  /* not on this page: keep the server-side order */
+      return fetch(base + "/rows/" + encodeURIComponent(key), { headers: { "Accept": "text/html" } })
         .then(function (r) { return r.ok ? r.text() : null; })
         .then(function (html) {
           if (!html) { return; }
           var t = document.createElement("tbody");
           t.innerHTML = html.trim();
           var fresh = t.firstElementChild;
-          if (!fresh) { return; }
-          fresh.classList.add("flash");
-          row.replaceWith(fresh);
+          var current = document.getElementById("row-" + key);
+          if (!fresh || !current) { return; }
+          if (flash) { fresh.classList.add("flash"); }
+          current.replaceWith(fresh);
         });
-    });
+    };
+    listen(base + "/events", function (name, data) { if (data.key) { refreshRow(data.key, true); } });
+    /* Rows whose 1F1B figure was not computed within the page's time budget: fill them in, one at a
+       time so a page of new configurations does not flood a 2-core server. */
+    var pending = Array.prototype.map.call(document.querySelectorAll("tr[data-pending]"),
+                                           function (tr) { return tr.getAttribute("data-key"); });
+    var next = function () { if (pending.length) { refreshRow(pending.shift(), false).then(next, next); } };
+    next();
   }
 
   var planPage = document.getElementById("plan-page");
@@ -144,7 +161,20 @@
         .then(function (r) { return r.ok ? r.text() : null; })
         .then(function (html) {
           if (html) {
+            var budgetBox = document.getElementById("refine-budget");
+            var budget = budgetBox ? budgetBox.value : null;
+            var msgBox = document.getElementById("action-msg");
+            var said = msgBox ? [msgBox.textContent, msgBox.className] : null;
             document.getElementById("plan-live").innerHTML = html;
+            if (budget !== null && document.getElementById("refine-budget")) {
+              document.getElementById("refine-budget").value = budget;
+            }
+            if (said && document.getElementById("action-msg")) {
+              document.getElementById("action-msg").textContent = said[0];
+              document.getElementById("action-msg").className = said[1];
+            }
+            var rev = document.getElementById("m-revision");
+            if (rev) { planPage.setAttribute("data-revision", rev.textContent.trim()); }
             applyZoom();
           }
         })
@@ -158,8 +188,10 @@
       refreshLive();
     });
 
-    var msg = document.getElementById("action-msg");
-    var say = function (text, err) { if (msg) { msg.textContent = text; msg.classList.toggle("err", !!err); } };
+    var say = function (text, err) {
+      var msg = document.getElementById("action-msg");
+      if (msg) { msg.textContent = text; msg.classList.toggle("err", !!err); }
+    };
     var post = function (path, payload, okText) {
       say("sending…", false);
       fetch("/v1/plans/" + encodeURIComponent(key) + "/" + path,

@@ -1,0 +1,200 @@
+"""The dashboard in a real browser (Debian's Chromium through Playwright) against a real
+`pipeplan serve` subprocess: embedded mode, a temporary SQLite file, the in-process worker pool.
+
+Screenshots land in test-artifacts/ (docs/img/dashboard-*.png are copies of good ones).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dashboard_fixtures import make_problem, slow_plan
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run", "--disable-sync"]
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """`pipeplan serve` on a free port with its own data dir (SQLite), nothing else configured."""
+    data_dir = tmp_path_factory.mktemp("pipeplan-serve")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPEPLAN_")}
+    env.update({
+        "PIPEPLAN_DATA_DIR": str(data_dir), "PIPEPLAN_SOLVER_WORKERS": "1", "PIPEPLAN_SSE_POLL_S": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    })
+    cli = Path(sys.executable).with_name("pipeplan")
+    cmd = [str(cli)] if cli.exists() else [sys.executable, "-c", "from pipeplan.cli import main; main()"]
+    log = open(data_dir / "serve.log", "w")
+    proc = subprocess.Popen([*cmd, "serve", "--port", str(port), "--log-level", "warning"], cwd=data_dir,
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(base + "/readyz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("pipeplan serve did not start:\n" + (data_dir / "serve.log").read_text()[-3000:])
+        time.sleep(0.3)
+    yield {"base": base, "data_dir": data_dir, "url": f"sqlite:///{data_dir / 'pipeplan.db'}"}
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture()
+def page(browser):
+    context = browser.new_context(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield pg
+    context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def _shot(pg, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    pg.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+
+def _post(server, problem, budget_s: float = 2.0) -> dict:
+    r = httpx.post(server["base"] + "/v1/plans", json={"problem": problem.model_dump(mode="json"),
+                                                      "time_budget_s": budget_s}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_overview_lists_a_plan_created_through_the_api(server, page):
+    problem = make_problem(4, 8, offload=True)
+    created = _post(server, problem)
+    key = problem.key()
+    assert created["problem_key"] == key
+    page.goto(server["base"] + "/dashboard/")
+    row = page.locator(f"#row-{key}")
+    row.wait_for(state="visible", timeout=10_000)
+    assert key[:12] in row.inner_text()
+    assert "4 GPUs" in row.inner_text()
+    # the speed-up column gets its 1F1B figure (computed server-side, cached per key)
+    page.wait_for_function(f"!document.querySelector('#row-{key}').hasAttribute('data-pending')", timeout=20_000)
+    page.wait_for_timeout(300)
+    _shot(page, "dashboard-overview.png")
+    page.locator(f"#row-{key} a").first.click()
+    page.wait_for_url(re.compile(rf".*/dashboard/plans/{key}$"))
+    assert page.locator("svg.gantt").count() == 1
+
+
+def test_plan_page_draws_exactly_one_bar_per_op(server, page):
+    problem = make_problem(4, 12, offload=True, limit_mib=10500.0)
+    _post(server, problem)
+    key = problem.key()
+    plan = httpx.get(f"{server['base']}/v1/plans/{key}", timeout=10).json()
+    n_ops = sum(len(d["ops"]) for d in plan["devices"])
+    page.goto(f"{server['base']}/dashboard/plans/{key}")
+    page.locator("svg.gantt").wait_for()
+    revision = int(page.locator("#m-revision").inner_text())
+    if revision != plan["revision"]:  # the worker improved it in between: count the plan on screen
+        plan = httpx.get(f"{server['base']}/v1/plans/{key}/revisions/{revision}", timeout=10).json()
+        n_ops = sum(len(d["ops"]) for d in plan["devices"])
+    assert page.locator("svg.gantt rect.op").count() == n_ops
+    assert int(page.locator("svg.gantt").get_attribute("data-ops")) == n_ops
+    assert page.locator("svg.memory g.mem-device").count() == problem.num_devices
+    assert page.locator("svg.memory line.mem-limit").count() == problem.num_devices
+    # hover: the single delegated handler shows op, stage, microbatch, start and end
+    bar = page.locator("svg.gantt rect.op.F").nth(3)
+    kind, stage, mb, start, end = bar.get_attribute("data-o").split(",")
+    bar.hover()
+    tip = page.locator("#tip")
+    tip.wait_for(state="visible")
+    text = tip.inner_text()
+    assert f"stage {stage}" in text and f"mb {mb}" in text and "ms" in text
+    assert str(round(float(start), 3)) in text and str(round(float(end), 3)) in text
+    for label in ("Plan JSON", "torch CSV", "Chrome trace"):
+        href = page.get_by_role("link", name=label).get_attribute("href")
+        assert httpx.get(server["base"] + href, timeout=10).status_code == 200, label
+    _shot(page, "dashboard-plan.png")
+
+
+def test_a_new_revision_from_the_worker_shows_up_without_a_reload(server, browser, page):
+    """Seed a poor revision 1 (as an old cache entry), open the overview and the plan page, press
+    Refine in the page: the embedded worker's better revision must reach both pages by SSE."""
+    from service.db import make_engine
+    from service.repository import Repository
+
+    problem = make_problem(4, 8)
+    key = problem.key()
+    engine = make_engine(server["url"], 2)
+    repo = Repository(engine)
+    seeded = slow_plan(problem)
+    repo.store_first(problem, seeded, 2.0)
+    repo.request_cancel(key)  # an idle cache entry: nothing refines it until the button is pressed
+    engine.dispose()
+
+    overview = page.context.new_page()
+    overview.goto(server["base"] + "/dashboard/?sort=updated_at&dir=desc")
+    overview.locator(f"#row-{key}").wait_for()
+    overview.evaluate("window.__sameDocument = 'yes'")
+    assert overview.locator(f"#row-{key}").get_attribute("data-revision") == "1"
+
+    page.goto(f"{server['base']}/dashboard/plans/{key}")
+    page.evaluate("window.__sameDocument = 'yes'")
+    assert page.locator("#m-revision").inner_text() == "1"
+    page.wait_for_function("document.getElementById('live-dot').classList.contains('on')", timeout=10_000)
+    page.fill("#refine-budget", "3")
+    page.click("button[data-action=refine]")
+    page.wait_for_function("parseInt(document.getElementById('m-revision').textContent) > 1", timeout=60_000)
+    assert page.evaluate("window.__sameDocument") == "yes"  # updated in place, not reloaded
+    best = httpx.get(f"{server['base']}/v1/plans/{key}", timeout=10).json()
+    assert best["makespan_ms"] < seeded.makespan_ms
+    page.wait_for_function(
+        f"parseInt(document.getElementById('m-revision').textContent) === {best['revision']}"
+        " || document.querySelector('#job-state').textContent !== 'solving'", timeout=30_000)
+    # the overview row followed too, without a reload
+    overview.wait_for_function(
+        f"parseInt(document.getElementById('row-{key}').getAttribute('data-revision')) > 1", timeout=30_000)
+    assert overview.evaluate("window.__sameDocument") == "yes"
+    page.wait_for_timeout(300)
+    _shot(page, "dashboard-plan-live.png")
+    _shot(overview, "dashboard-overview-live.png")

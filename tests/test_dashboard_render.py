@@ -1,0 +1,174 @@
+"""Dashboard rendering without a browser: the SVG builders and the pages served from a real
+Repository on a real (temporary) SQLite database migrated by the service's own Alembic scripts."""
+
+from __future__ import annotations
+
+import re
+import time
+import xml.etree.ElementTree as ET
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from dashboard_fixtures import gpipe_plan, make_problem, op_count
+from service import dashboard_views as views
+from service.dashboard_data import page_links
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _op_rects(svg: str) -> list[ET.Element]:
+    root = ET.fromstring(svg)
+    return [r for r in root.iter(f"{SVG}rect") if r.get("class", "").split()[0] == "op"]
+
+
+def test_gantt_has_exactly_one_bar_per_op_with_its_identity_and_times():
+    problem = make_problem(4, 6, offload=True)
+    plan = gpipe_plan(problem, offload_every=2)
+    rects = _op_rects(views.gantt_svg(problem, plan))
+    assert len(rects) == op_count(plan)
+    drawn = sorted(tuple(r.get("data-o").split(",")) for r in rects)
+    expected = sorted((op.kind, str(op.stage), str(op.mb), views._t(op.start_ms), views._t(op.end_ms))
+                      for dp in plan.devices for op in dp.ops)
+    assert drawn == expected
+    for r in rects:  # the class names the kind, so CSS colours it
+        assert r.get("class").split()[1] == r.get("data-o").split(",")[0]
+
+
+def test_gantt_puts_copies_on_their_own_lanes_and_bars_scale_with_duration():
+    problem = make_problem(2, 4, offload=True)
+    plan = gpipe_plan(problem, offload_every=1)
+    rects = _op_rects(views.gantt_svg(problem, plan))
+    ys = {kind: {float(r.get("y")) for r in rects if r.get("class").split()[1] == kind}
+          for kind in ("F", "OFFLOAD", "RELOAD")}
+    # device 0's compute, D2H and H2D lanes are three distinct rows
+    assert len({min(ys["F"]), min(ys["OFFLOAD"]), min(ys["RELOAD"])}) == 3
+    f = next(r for r in rects if r.get("data-o").startswith("F,"))
+    off = next(r for r in rects if r.get("data-o").startswith("OFFLOAD,"))
+    # forward 1.0 ms vs offload 0.6 ms
+    assert float(off.get("width")) / float(f.get("width")) == pytest.approx(0.6, rel=0.02)
+
+
+def test_gantt_without_offload_has_no_copy_lanes():
+    problem = make_problem(3, 4)
+    svg = views.gantt_svg(problem, gpipe_plan(problem))
+    assert "D2H" not in svg and len(_op_rects(svg)) == op_count(gpipe_plan(problem))
+
+
+def test_memory_chart_peaks_match_the_plan_and_limits_are_drawn():
+    problem = make_problem(4, 8, offload=True)
+    plan = gpipe_plan(problem, offload_every=2)
+    root = ET.fromstring(views.memory_svg(problem, plan))
+    groups = [g for g in root.iter(f"{SVG}g") if g.get("class") == "mem-device"]
+    assert len(groups) == problem.num_devices
+    for g, peak in zip(groups, plan.peak_memory_mib):
+        assert float(g.get("data-peak")) == pytest.approx(peak, abs=0.01)
+        assert any(line.get("class") == "mem-limit" for line in g.iter(f"{SVG}line"))
+
+
+def test_memory_chart_without_limit_draws_no_limit_line():
+    problem = make_problem(2, 4, limit_mib=None)
+    svg = views.memory_svg(problem, gpipe_plan(problem))
+    assert "mem-limit" not in svg and "mem-line" in svg
+
+
+def test_history_chart_has_a_point_per_revision():
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    points = [views.RevisionPoint(1, t0, 40.0, 30.0, "heuristic"),
+              views.RevisionPoint(2, t0 + timedelta(seconds=2), 36.0, 31.0, "cp-sat"),
+              views.RevisionPoint(3, t0 + timedelta(seconds=5), 33.5, 32.0, "cp-sat <lns>")]
+    svg = views.history_svg(points)
+    root = ET.fromstring(svg)  # well-formed even with '<' in a method name
+    assert len([c for c in root.iter(f"{SVG}circle")]) == 3
+    assert "hist-bound" in svg and "hist-makespan" in svg
+
+
+def test_formatting_and_paging_helpers():
+    assert views.fmt_ms(0.5) == "0.5 ms" and views.fmt_ms(27.0) == "27.00 ms" and views.fmt_ms(12345) == "12.35 s"
+    assert views.fmt_mib(None) == "unlimited" and views.fmt_mib(20480) == "20.0 GiB"
+    assert views.nice_step(33.0) == 5
+    assert page_links(1, 1) == [1]
+    assert page_links(10, 20) == [1, None, 8, 9, 10, 11, 12, None, 20]
+
+
+def test_10k_op_gantt_renders_fast_and_lean():
+    problem = make_problem(8, 420, limit_mib=None)
+    plan = gpipe_plan(problem, one_f_one_b=True)
+    assert op_count(plan) >= 10_000
+    started = time.perf_counter()
+    svg = views.gantt_svg(problem, plan)
+    gantt_s = time.perf_counter() - started
+    started = time.perf_counter()
+    mem = views.memory_svg(problem, plan)
+    memory_s = time.perf_counter() - started
+    assert svg.count('<rect class="op ') == op_count(plan)
+    assert "<text class=\"mb\"" not in svg  # no per-bar labels at this size
+    assert len(svg) / op_count(plan) < 120  # bytes per op: one short rect each
+    assert len(mem) < 400_000  # memory curves are merged to half-pixel steps
+    assert gantt_s < 2.0 and memory_s < 2.0, (gantt_s, memory_s)
+
+
+# -- pages from a real repository ------------------------------------------------------------------
+
+@pytest.fixture()
+def dash_app(tmp_path):
+    from service import dashboard
+    from service.db import make_engine
+    from service.events import Hub
+    from service.repository import Repository
+    from service.schema import upgrade
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'cache.sqlite'}")
+    upgrade(engine)
+    app = FastAPI()
+    app.state.repo = Repository(engine)
+    app.state.hub = Hub()
+    app.include_router(dashboard.router)
+    yield app, app.state.repo
+    engine.dispose()
+
+
+def test_plan_page_html_has_one_rect_per_op_and_download_links(dash_app):
+    app, repo = dash_app
+    problem = make_problem(4, 8, offload=True)
+    plan = gpipe_plan(problem, offload_every=3)
+    repo.store_first(problem, plan, 5.0)
+    key = problem.key()
+    with TestClient(app) as client:
+        page = client.get(f"/dashboard/plans/{key}")
+        assert page.status_code == 200
+        assert len(re.findall(r'<rect class="op ', page.text)) == op_count(plan)
+        for href in (f"/v1/plans/{key}", f"/v1/plans/{key}/export/torch.csv",
+                     f"/v1/plans/{key}/export/chrome-trace.json"):
+            assert f'href="{href}"' in page.text
+        assert 'src="/dashboard/static/dashboard.js' in page.text and "cdn" not in page.text.lower()
+        live = client.get(f"/dashboard/plans/{key}/live")
+        assert live.status_code == 200 and len(re.findall(r'<rect class="op ', live.text)) == op_count(plan)
+        assert client.get("/dashboard/plans/" + "0" * 64).status_code == 404
+        assert client.get("/dashboard/static/dashboard.css").headers["content-type"].startswith("text/css")
+        assert client.get("/dashboard/static/..%2Fdashboard.py").status_code == 404
+
+
+def test_overview_lists_sorts_filters_and_paginates(dash_app):
+    app, repo = dash_app
+    keys = {}
+    for m in range(2, 9):  # 7 configurations, makespan grows with microbatches
+        problem = make_problem(2, m)
+        repo.store_first(problem, gpipe_plan(problem), 5.0)
+        keys[m] = problem.key()
+    with TestClient(app) as client:
+        page1 = client.get("/dashboard/?per_page=3&sort=makespan_ms&dir=asc")
+        assert page1.status_code == 200
+        rows = re.findall(r'<tr id="row-([0-9a-f]{64})"', page1.text)
+        assert rows == [keys[2], keys[3], keys[4]]
+        page3 = client.get("/dashboard/?per_page=3&sort=makespan_ms&dir=asc&page=3")
+        assert re.findall(r'<tr id="row-([0-9a-f]{64})"', page3.text) == [keys[8]]
+        assert "7–7 of 7" in page3.text
+        one = client.get(f"/dashboard/?q={keys[5][:10]}")
+        assert re.findall(r'<tr id="row-([0-9a-f]{64})"', one.text) == [keys[5]]
+        none = client.get("/dashboard/?state=failed")
+        assert "No cached plan matches" in none.text
+        row = client.get(f"/dashboard/rows/{keys[6]}")
+        assert row.status_code == 200 and row.text.startswith(f'<tr id="row-{keys[6]}"')
