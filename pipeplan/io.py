@@ -1,4 +1,8 @@
-"""File helpers shared by the CLI commands: read a problem or spec, write JSON, fail clearly."""
+"""File helpers shared by the CLI commands: read a problem or spec, write JSON, fail clearly.
+
+Exit codes everywhere: 0 success, 1 invalid plan, 2 bad input or infeasible; the message on stderr
+starts with what went wrong ("bad input", "infeasible", "invalid plan") and then says why.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,9 @@ from typing import Any, NoReturn
 import typer
 from pydantic import BaseModel, ValidationError
 
-from planner.contract import Limits, Plan, Problem, error_messages
+from planner.contract import PROBLEM_FORMAT, Limits, Plan, Problem, error_messages
 
+EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_BAD_INPUT = 2
 
@@ -21,40 +26,83 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     raise typer.Exit(code)
 
 
+def bad_input(message: str) -> NoReturn:
+    fail(f"bad input: {message}", EXIT_BAD_INPUT)
+
+
+def infeasible(message: str) -> NoReturn:
+    fail(f"infeasible: {message}", EXIT_BAD_INPUT)
+
+
 def read_json(path: Path) -> Any:
+    path = Path(path)
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
-        fail(f"{path}: no such file")
+        bad_input(f"{path}: no such file")
+    except IsADirectoryError:
+        bad_input(f"{path}: is a directory, expected a JSON file")
+    except UnicodeDecodeError:
+        bad_input(f"{path}: not a text file")
     except json.JSONDecodeError as exc:
-        fail(f"{path}: not valid JSON ({exc})")
+        bad_input(f"{path}: not valid JSON ({exc})")
+
+
+def _settings_limits() -> Limits:
+    from pipeplan.settings import get_settings
+
+    return get_settings().limits
+
+
+def problem_from_doc(doc: Any) -> Problem:
+    """A problem v1 document, or a model spec turned into one by the cost model (detected)."""
+    if isinstance(doc, dict) and (doc.get("format") == PROBLEM_FORMAT or "stages" in doc):
+        return Problem.model_validate(doc)  # no cost model needed for a problem document
+    from planner.costmodel import problem_from_document
+
+    return problem_from_document(doc)
 
 
 def load_problem(path: Path, limits: Limits | None = None) -> Problem:
-    """A problem v1 document, or a model spec turned into one by the cost model (detected)."""
-    from planner.costmodel import problem_from_document
-
+    """Read PROBLEM.json or SPEC.json; every error names the file, the field and the reason."""
     doc = read_json(path)
     try:
-        problem = problem_from_document(doc)
-        if limits is not None:
-            problem.check_limits(limits)
+        problem = problem_from_doc(doc)
+        problem.check_limits(limits or _settings_limits())
         return problem
-    except (ValidationError, ValueError) as exc:
-        fail(f"{path}: " + "; ".join(error_messages(exc)))
+    except (ValidationError, ValueError, TypeError, KeyError) as exc:
+        bad_input(f"{path}: " + "; ".join(error_messages(exc)))
 
 
 def load_plan(path: Path) -> Plan:
+    doc = read_json(path)
     try:
-        return Plan.model_validate(read_json(path))
+        return Plan.model_validate(doc)
     except ValidationError as exc:
-        fail(f"{path}: " + "; ".join(error_messages(exc)))
+        bad_input(f"{path}: not a plan v1: " + "; ".join(error_messages(exc)))
+
+
+def dumps(doc: BaseModel | dict) -> str:
+    if isinstance(doc, BaseModel):
+        return doc.model_dump_json(indent=2)
+    return json.dumps(doc, indent=2)
 
 
 def write_json(doc: BaseModel | dict, out: Path | None) -> None:
     """Write to `out`, or to stdout when no path is given."""
-    text = doc.model_dump_json(indent=2) if isinstance(doc, BaseModel) else json.dumps(doc, indent=2)
+    write_text(dumps(doc) + "\n", out)
+
+
+def write_text(text: str, out: Path | None) -> None:
     if out is None:
-        sys.stdout.write(text + "\n")
-    else:
-        Path(out).write_text(text + "\n")
+        sys.stdout.write(text)
+        return
+    write_bytes(text.encode(), out)
+
+
+def write_bytes(data: bytes, out: Path) -> None:
+    try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_bytes(data)
+    except OSError as exc:
+        bad_input(f"{out}: cannot write ({exc.strerror or exc})")

@@ -54,7 +54,6 @@ class RenderOptions:
     title: str | None = None  # None: method and metrics
     copy_lanes: str = "auto"  # "auto": only when the plan has copies; "always"; "never"
     memory: bool = True
-    label_min_px: float = 11.0  # a bar gets its microbatch label when at least this wide
 
 
 def _lighten(color: str, amount: float) -> tuple[float, float, float]:
@@ -148,13 +147,21 @@ def gantt_figure(problem: Problem, plan: Plan, options: RenderOptions = RenderOp
             coll.set_rasterized(True)
         ax.add_collection(coll)
 
-    # microbatch labels where the bar is wide enough for the digits
-    font = 6.5 if p <= 16 else 5.0
-    wide = [lab for lab in labels if (lab[1] - lab[0]) * px_per_ms >= options.label_min_px * len(str(lab[3])) * 0.75]
-    if len(wide) <= MAX_LABELS:
-        for s, e, yc, mb, kind in wide:
-            ax.text((s + e) / 2, yc, str(mb), ha="center", va="center", fontsize=font if lane_of(kind) is Lane.COMPUTE
-                    else font - 1, color="#222222" if kind in LIGHT_TEXT_KINDS else "white", clip_on=True)
+    # microbatch labels: one font size for the whole chart, fitted so the widest label fits the typical
+    # compute bar; a bar narrower than its label stays unlabelled
+    digits = len(str(max(problem.num_microbatches - 1, 0)))
+    compute_px = sorted((e - s) * px_per_ms for s, e, _, _, kind in labels if lane_of(kind) is Lane.COMPUTE)
+    typical_px = compute_px[len(compute_px) // 2] if compute_px else 0.0
+    char_px = 0.62  # digit width per px of font size (DejaVu Sans)
+    font_px = min(6.5 * options.dpi / 72, (typical_px - 2) / (char_px * digits + 0.2) if typical_px > 2 else 0)
+    font = font_px * 72 / options.dpi
+    if font >= 3.5:
+        shown = [lab for lab in labels
+                 if (lab[1] - lab[0]) * px_per_ms >= char_px * font_px * len(str(lab[3])) + 2]
+        for s, e, yc, mb, kind in shown[:MAX_LABELS]:
+            copy = lane_of(kind) is not Lane.COMPUTE
+            ax.text((s + e) / 2, yc, str(mb), ha="center", va="center", fontsize=font * (0.85 if copy else 1.0),
+                    color="#222222" if kind in LIGHT_TEXT_KINDS else "white", clip_on=True)
 
     for d in range(1, p, 2):  # faint bands tell the row groups apart
         top_y = lane_y[(d, lanes[0])] - GROUP_GAP / 2
