@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..bounds import check_memory_feasible, lower_bound
+from ..bounds import MemoryInfeasibleError, check_memory_feasible, lower_bound
 from ..contract import Plan, Problem
 from ..simulator import build_plan, schedule_from_plan, simulate
 from ..validator import validate_plan
@@ -70,7 +70,13 @@ def _seed_plans(problem: Problem, key: str, hint: Plan | None, notes: list[str])
         best_heuristic = None
         notes.append("planner.baselines missing: no heuristic seed")
     if best_heuristic is not None:
-        plans.append(best_heuristic(problem, problem_key=key))
+        try:
+            plans.append(best_heuristic(problem, problem_key=key))
+        except MemoryInfeasibleError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a heuristic bug must not stop the optimizer
+            log.exception("best_heuristic failed")
+            notes.append(f"best_heuristic failed: {exc}")
     if hint is not None:
         h = _adapt_hint(problem, key, hint)
         if h is not None:

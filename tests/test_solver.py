@@ -1,0 +1,142 @@
+"""planner.solver: streamed plans validate and only improve, proofs, stop, infeasible budgets, the
+MILP backend agreeing with CP-SAT, and the hint CP-SAT is given being complete and feasible.
+
+Seeds come from the hand-written schedules of tests/core_schedules.py (passed as `hint`), so these
+tests hold whether or not planner.baselines is present; time limits stay at 1-3 s.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from core_schedules import make_problem, one_f_one_b, plan_of, serialized
+from planner.bounds import MemoryInfeasibleError, min_memory
+from planner.solver import solve
+from planner.solver import cpsat
+from planner.solver.convert import ticks_of_plan
+from planner.solver.cpsat_model import CpsatModel
+from planner.solver.scaling import scale_for
+from planner.validator import validate_plan
+
+
+def het(**kw):
+    return make_problem(b=1.2, w=0.8, p2p=0.05, weight_grad_mib=100.0, **kw)
+
+
+def test_streamed_plans_validate_and_strictly_improve_on_the_seed():
+    problem = het(p=4, m=8, limit=400.0)
+    seed = plan_of(problem, one_f_one_b(problem))
+    seen = []
+    result = solve(problem, 2.0, on_improvement=seen.append, hint=seed, deterministic=True)
+    assert seen, "the seed itself is streamed first"
+    assert seen[0].makespan_ms <= seed.makespan_ms
+    for a, b in zip(seen, seen[1:]):
+        assert b.makespan_ms < a.makespan_ms
+    for plan in seen + [result.plan]:
+        assert validate_plan(problem, plan) == []
+    assert result.plan.makespan_ms == seen[-1].makespan_ms
+    assert result.plan.makespan_ms < seed.makespan_ms  # 1F1B is not optimal here
+    assert result.lower_bound_ms <= result.plan.makespan_ms
+
+
+def test_proves_an_optimum_above_the_lower_bound():
+    problem = make_problem(p=3, m=3, limit=200.0, weight_grad_mib=100.0, b=1.5)
+    seed = plan_of(problem, serialized(problem))
+    result = solve(problem, 3.0, hint=seed, engine="cpsat", deterministic=True)
+    assert result.status == "optimal" and result.plan.status == "optimal"
+    assert result.plan.makespan_ms == pytest.approx(17.0)
+    assert result.lower_bound_ms < result.plan.makespan_ms  # proven by the solver, not the bound
+    assert result.solver_bound_ms == pytest.approx(17.0)
+    assert validate_plan(problem, result.plan) == []
+
+
+def test_milp_matches_the_cpsat_optimum_on_a_tiny_case():
+    problem = make_problem(p=3, m=4, split=False, limit=200.0, f=1.0, b=2.0, w=0.5)
+    seed = plan_of(problem, serialized(problem))
+    a = solve(problem, 3.0, hint=seed, engine="cpsat", deterministic=True)
+    b = solve(problem, 3.0, hint=seed, engine="milp", deterministic=True)
+    assert a.status == b.status == "optimal"
+    assert b.plan.makespan_ms == pytest.approx(a.plan.makespan_ms)
+    assert validate_plan(problem, b.plan) == []
+
+
+def test_stop_is_honoured_within_a_second():
+    problem = het(p=8, m=32, limit=800.0)
+    seed = plan_of(problem, one_f_one_b(problem))
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    started = time.monotonic()
+    result = solve(problem, 30.0, hint=seed, stop=stop, workers=1)
+    assert time.monotonic() - started < 2.5
+    assert validate_plan(problem, result.plan) == []
+    assert result.plan.makespan_ms <= seed.makespan_ms
+
+
+def test_infeasible_budget_raises_at_once_with_the_minimum():
+    problem = make_problem(p=4, m=8, limit=50.0)
+    started = time.monotonic()
+    with pytest.raises(MemoryInfeasibleError) as info:
+        solve(problem, 30.0)
+    assert time.monotonic() - started < 1.0
+    assert info.value.needed_mib == min_memory(problem)
+
+
+def test_a_raising_callback_does_not_stop_the_solve():
+    problem = het(p=4, m=8, limit=400.0)
+    seed = plan_of(problem, one_f_one_b(problem))
+    calls = []
+
+    def boom(plan):
+        calls.append(plan.makespan_ms)
+        raise RuntimeError("caller bug")
+
+    result = solve(problem, 2.0, on_improvement=boom, hint=seed, deterministic=True)
+    assert len(calls) >= 2  # it kept streaming after the first exception
+    assert result.plan.makespan_ms == calls[-1]
+    assert validate_plan(problem, result.plan) == []
+
+
+@pytest.mark.parametrize("kw", [
+    dict(p=4, m=8, limit=400.0),
+    dict(p=4, m=8, limit=250.0, offload=True, recompute=True),
+])
+def test_cpsat_accepts_the_heuristic_hint_as_complete_and_feasible(kw):
+    problem = het(**kw)
+    seed = plan_of(problem, serialized(problem) if kw["limit"] < 400 else one_f_one_b(problem))
+    scale = scale_for(problem)
+    starts, choices = ticks_of_plan(problem, seed, scale)
+    built = CpsatModel(problem, scale, max(starts.values()) + 100, 0)
+    values = built.assignment(starts, choices)
+    assert values is not None and len(values) == len(built.model.proto.variables)
+    built.hint(values)
+    assert cpsat.hint_is_feasible(built, seconds=3.0)
+
+
+def test_offload_and_recompute_under_a_tight_budget_beat_the_serialized_seed():
+    problem = make_problem(p=4, m=8, limit=250.0, offload=True, recompute=True, weight_grad_mib=100.0)
+    seed = plan_of(problem, serialized(problem))
+    result = solve(problem, 3.0, hint=seed, deterministic=True)
+    assert validate_plan(problem, result.plan) == []
+    assert result.plan.makespan_ms < 0.6 * seed.makespan_ms
+    assert max(result.plan.peak_memory_mib) <= 250.0 + 1e-6
+
+
+def test_lns_engine_improves_and_validates():
+    problem = het(p=4, m=16, limit=400.0)
+    seed = plan_of(problem, one_f_one_b(problem))
+    result = solve(problem, 3.0, hint=seed, engine="lns", deterministic=True)
+    assert validate_plan(problem, result.plan) == []
+    assert result.plan.makespan_ms < seed.makespan_ms
+    assert result.status == "feasible" or result.plan.makespan_ms <= result.lower_bound_ms + 1e-6
+
+
+def test_durations_without_an_exact_tick_scale_still_give_valid_plans():
+    problem = make_problem(p=3, m=4, f=1 / 3, b=2 / 7, w=0.123456789, p2p=0.0137, limit=300.0)
+    seed = plan_of(problem, one_f_one_b(problem))
+    result = solve(problem, 2.0, hint=seed, deterministic=True)
+    assert validate_plan(problem, result.plan) == []
+    assert result.plan.makespan_ms <= seed.makespan_ms
+    assert result.status == "feasible" or result.plan.makespan_ms <= result.lower_bound_ms + 1e-6
