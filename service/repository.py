@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from sqlalchemy import Engine, and_, func, insert, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
 
 from planner.contract import Plan, Problem
 from planner.validator import InvalidPlanError, validate_plan
@@ -222,9 +223,9 @@ class Repository:
         count = select(func.count()).select_from(ProblemRow).outerjoin(JobRow, JobRow.key == ProblemRow.key)
         if conds:
             count = count.where(*conds)
-        with self.engine.connect() as conn:
-            rows = conn.execute(page).all()
-            total = conn.execute(count).scalar() or 0
+        with Session(self.engine) as session:
+            rows = session.execute(page).all()
+            total = session.execute(count).scalar() or 0
         items = []
         for p, state, _improvements in rows:
             items.append({
@@ -279,8 +280,8 @@ class Repository:
                 best_revision=1, best_makespan_ms=plan.makespan_ms, lower_bound_ms=plan.lower_bound_ms,
                 bubble_ratio=plan.bubble_ratio, best_status=plan.status, best_method=plan.method,
                 first_makespan_ms=plan.makespan_ms, created_at=now, updated_at=now,
-            ))
-            created = res.rowcount == 1
+            ).returning(ProblemRow.key))
+            created = res.scalar() is not None  # rowcount is not reliable for ON CONFLICT on every driver
             if created:
                 conn.execute(insert(RevisionRow).values(
                     problem_key=key, revision=1, makespan_ms=plan.makespan_ms,
@@ -349,8 +350,8 @@ class Repository:
                 res = conn.execute(self._insert_ignore(JobRow).values(
                     key=key, run_id=run_id, state=QUEUED, budget_s=budget_s, used_s=0.0, attempts=0, runs=1,
                     cancel_requested=False, improvements=0, queued_at=utcnow(),
-                ))
-                queued = res.rowcount == 1
+                ).returning(JobRow.key))
+                queued = res.scalar() is not None
         return self.job(key), queued
 
     def request_cancel(self, key: str) -> JobInfo | None:

@@ -1,0 +1,136 @@
+"""The SQL cache on real SQLite and real PostgreSQL: first revision and job dedup, the atomic
+"replace if better" upsert under concurrent writers, validation before storing, job transitions."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from sqlalchemy import func, select
+
+from planner.validator import InvalidPlanError
+from service.models import CANCELLED, CONVERGED, QUEUED, SOLVING, JobRow, RevisionRow
+from service.repository import Repository
+from service_support import any_db_url, gpipe_plan, make_problem, migrated_engine  # noqa: F401
+
+
+@pytest.fixture
+def repo(any_db_url):  # noqa: F811
+    engine = migrated_engine(any_db_url)
+    yield Repository(engine)
+    engine.dispose()
+
+
+def test_concurrent_first_store_creates_one_revision_and_one_job(repo):
+    problem = make_problem()
+    key = problem.key()
+    plan = gpipe_plan(problem)
+    barrier = threading.Barrier(12)
+
+    def store(_):
+        barrier.wait()
+        return repo.store_first(problem, plan, budget_s=5.0, key=key)
+
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(store, range(12)))
+    assert sum(created for _, created, _ in results) == 1
+    assert {rev for rev, _, _ in results} == {1}
+    assert len({job.run_id for _, _, job in results}) == 1
+    with repo.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(RevisionRow)).scalar() == 1
+        assert conn.execute(select(func.count()).select_from(JobRow)).scalar() == 1
+    best = repo.best(key)
+    assert best.revision == 1 and '"revision":1' in best.plan_json
+    assert repo.job(key).state == QUEUED
+
+
+def test_concurrent_writers_keep_only_improvements(repo):
+    problem = make_problem(tag="upsert")
+    key = problem.key()
+    base = gpipe_plan(problem, delay_ms=50.0)
+    repo.store_first(problem, base, budget_s=5.0, key=key)
+    delays = [45.0, 40.0, 40.0, 30.0, 49.0, 20.0, 35.0, 10.0, 10.0, 25.0, 5.0, 60.0]
+    plans = [gpipe_plan(problem, delay_ms=d) for d in delays]
+    barrier = threading.Barrier(len(plans))
+
+    def store(plan):
+        barrier.wait()
+        return repo.store_if_better(key, plan, problem)
+
+    with ThreadPoolExecutor(len(plans)) as pool:
+        stored = [r for r in pool.map(store, plans) if r is not None]
+    revisions = repo.revisions(key)
+    makespans = [r["makespan_ms"] for r in revisions]
+    assert [r["revision"] for r in revisions] == list(range(1, len(revisions) + 1))
+    assert sorted(stored) == list(range(2, len(revisions) + 1))
+    assert all(b < a for a, b in zip(makespans, makespans[1:])), makespans  # strictly better each time
+    assert repo.best(key).makespan_ms == pytest.approx(min(p.makespan_ms for p in plans))
+    # equal or worse: refused; the same makespan proven optimal: accepted
+    assert repo.store_if_better(key, gpipe_plan(problem, delay_ms=5.0), problem) is None
+    proven = gpipe_plan(problem, delay_ms=5.0).model_copy(update={"status": "optimal"})
+    assert repo.store_if_better(key, proven, problem) == len(revisions) + 1
+    assert repo.best(key).status == "optimal"
+    assert repo.job(key).improvements == len(revisions)
+
+
+def test_invalid_plan_is_never_stored(repo):
+    problem = make_problem(tag="invalid")
+    key = problem.key()
+    repo.store_first(problem, gpipe_plan(problem, delay_ms=10), 5.0, key=key)
+    plan = gpipe_plan(problem)
+    broken = plan.model_copy(deep=True)
+    broken.devices[0].ops[0].end_ms += 0.5  # wrong duration
+    broken.makespan_ms = 0.1  # and a too-good-to-be-true makespan
+    with pytest.raises(InvalidPlanError):
+        repo.store_if_better(key, broken, problem)
+    assert repo.best(key).revision == 1
+
+
+def test_job_lifecycle_claim_heartbeat_cancel_requeue(repo):
+    problem = make_problem(tag="jobs")
+    key = problem.key()
+    _, _, job = repo.store_first(problem, gpipe_plan(problem, delay_ms=10), 5.0, key=key)
+    assert repo.claim(key, "someone-else", "w") is None
+    claimed = repo.claim(key, job.run_id, "w1")
+    assert claimed.state == SOLVING and claimed.attempts == 1
+    assert repo.claim(key, job.run_id, "w2") is None  # one owner
+    assert repo.heartbeat(key, job.run_id, 1.5) is False
+    # refine while solving queues nothing
+    _, queued = repo.request_refine(key, 9.0)
+    assert not queued
+    assert repo.request_cancel(key).cancel_requested
+    assert repo.heartbeat(key, job.run_id, 2.0) is True
+    assert repo.finish(key, job.run_id, CANCELLED)
+    assert repo.job(key).state == CANCELLED
+    again, queued = repo.request_refine(key, 9.0)
+    assert queued and again.state == QUEUED and again.run_id != job.run_id and again.budget_s == 9.0
+    # a stale solving run is re-queued exactly once, and the old run loses ownership
+    repo.claim(key, again.run_id, "w3")
+    stale = repo.job(key)
+    new_run = repo.requeue(stale)
+    assert new_run and repo.requeue(stale) is None
+    assert repo.heartbeat(key, again.run_id, 3.0) is None
+    assert not repo.finish(key, again.run_id, CONVERGED)
+    assert repo.job(key).state == QUEUED and repo.job(key).run_id == new_run
+
+
+def test_listing_has_summary_fields_and_pages(repo):
+    keys = []
+    for i in range(5):
+        p = make_problem(microbatches=2 + i, tag="list")
+        repo.store_first(p, gpipe_plan(p), 5.0)
+        keys.append(p.key())
+    items, total = repo.list_plans(offset=0, limit=2, sort="num_microbatches", descending=False)
+    assert total >= 5 and len(items) == 2
+    assert items[0]["num_microbatches"] <= items[1]["num_microbatches"]
+    first = items[0]
+    for field in ("problem_key", "model", "num_devices", "stages_per_device", "memory_limit_mib", "makespan_ms",
+                  "lower_bound_ms", "gap", "bubble_ratio", "revision", "job_state", "updated_at"):
+        assert field in first
+    assert first["model"] == "tiny-test" and first["job_state"] == QUEUED
+    page2, _ = repo.list_plans(offset=2, limit=2, sort="num_microbatches", descending=False)
+    assert not {i["problem_key"] for i in page2} & {i["problem_key"] for i in items}
+    found, n = repo.list_plans(q=keys[3][:10])
+    assert n == 1 and found[0]["problem_key"] == keys[3]
+    assert repo.job_counts()[QUEUED] >= 5
