@@ -42,6 +42,7 @@ class _Callback(cp_model.CpSolverSolutionCallback):
             bound = None
             if self.prove and self.scale.time_exact:
                 bound = self.best_objective_bound / self.scale.time_scale
+                self.inc.raise_bound(bound)
             plan = plan_from_ticks(self.built.p, starts, choices, self.scale, self.method, self.inc.key, bound)
             self.inc.offer(plan, (starts, choices))
             if self.inc.makespan <= self.target_ms + 1e-6:
@@ -130,6 +131,8 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, seconds: float, stop: th
     bound = None
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and prove:
         bound = solver.best_objective_bound
+        if scale.time_exact:
+            inc.raise_bound(bound / scale.time_scale)
     return RunOutcome(solver.status_name(status), bound, hint_ok, time.monotonic() - started)
 
 

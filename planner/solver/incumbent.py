@@ -29,11 +29,16 @@ class Incumbent:
         self.first_at: float | None = None
         self.callback_errors = 0
         self.rejected = 0
+        self.solver_bound: float | None = None  # best proven bound of a whole-problem model (ms)
         self._lock = threading.Lock()
 
     @property
     def makespan(self) -> float:
         return self.plan.makespan_ms if self.plan else float("inf")
+
+    def raise_bound(self, bound_ms: float) -> None:
+        with self._lock:
+            self.solver_bound = max(self.solver_bound or 0.0, bound_ms)
 
     def offer(self, plan: Plan | None, ticks=None) -> bool:
         """Take `plan` if it is valid and strictly faster; tell the caller. Never raises."""
@@ -42,6 +47,8 @@ class Incumbent:
         with self._lock:
             if plan.makespan_ms >= self.makespan - EPS_MS:
                 return False
+            if self.solver_bound is not None and (plan.solver_bound_ms or 0.0) < self.solver_bound:
+                plan = plan.model_copy(update={"solver_bound_ms": min(self.solver_bound, plan.makespan_ms)})
             violations = validate_plan(self.problem, plan, self.key)
             if violations:
                 self.rejected += 1
