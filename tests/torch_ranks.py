@@ -1,0 +1,198 @@
+"""Helpers for the torch tests: plans with planned offload/recompute, and a 4-rank gloo harness.
+
+The rank function lives in an importable module so torch.multiprocessing's spawn can find it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+from planner.contract import Plan, Problem
+from planner.ops import Kind, Op
+from planner.simulator import DeviceOrder, Gate, Schedule, build_plan, simulate
+from planner.validator import assert_valid
+
+WIDTH = 8
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def problem_for(p: int, m: int, *, chunks: int = 1, placement: str = "loop", split: bool = True) -> Problem:
+    stages = []
+    for k in range(p * chunks):
+        c, r = divmod(k, p)
+        device = p - 1 - r if placement == "v" and c % 2 else r
+        stages.append({"device": device, "forward_ms": 1.0, "backward_input_ms": 1.0, "backward_weight_ms": 1.0,
+                       "offload_ms": 0.5, "activation_mib": 10.0, "weight_grad_mib": 2.0, "checkpoint_mib": 1.0})
+    return Problem.model_validate({
+        "num_devices": p, "num_microbatches": m, "p2p_ms": 0.1,
+        "options": {"split_backward": split, "offload": True, "recompute": True},
+        "stages": stages, "devices": [{"memory_limit_mib": None} for _ in range(p)]})
+
+
+def planned(problem: Problem, offload: set[tuple[int, int]], recompute: set[tuple[int, int]]) -> Plan:
+    """A depth-first (1F1B-like) plan with OFFLOAD/RELOAD and RECOMPUTE on the given (stage, mb) pairs.
+
+    Per device: forwards in (mb, stage) order, backwards in (mb, reversed stage) order, interleaved
+    1F1B-style after a warm-up when the device holds one stage.
+    """
+    p, m = problem.num_devices, problem.num_microbatches
+    orders = [DeviceOrder() for _ in range(p)]
+    gates: list[Gate] = []
+    split = problem.options.split_backward
+    for d in range(p):
+        mine = problem.stages_of(d)
+        fwd = [(i, k) for i in range(m) for k in mine]
+        bwd = [(i, k) for i in range(m) for k in reversed(mine)]
+        # 1F1B warm-up for one stage per device; all forwards first (GPipe, deadlock-free) otherwise
+        warm = min(len(fwd), p - d) if len(mine) == 1 else len(fwd)
+        seq = [("F", x) for x in fwd[:warm]]
+        fi, bi = warm, 0
+        while bi < len(bwd):
+            seq.append(("B", bwd[bi]))
+            bi += 1
+            if fi < len(fwd):
+                seq.append(("F", fwd[fi]))
+                fi += 1
+        for what, (i, k) in seq:
+            if what == "F":
+                orders[d].compute.append(Op(Kind.F, k, i))
+                if (k, i) in offload:
+                    orders[d].d2h.append(Op(Kind.OFFLOAD, k, i))
+            else:
+                if (k, i) in offload:
+                    orders[d].h2d.append(Op(Kind.RELOAD, k, i))
+                    # reload as late as the op before the backward starts (not ASAP after the offload)
+                    gates.append(Gate(Op(Kind.RELOAD, k, i), orders[d].compute[-1]))
+                if (k, i) in recompute:
+                    orders[d].compute.append(Op(Kind.RECOMPUTE, k, i))
+                orders[d].compute += [Op(Kind.B, k, i), Op(Kind.W, k, i)] if split else [Op(Kind.BW, k, i)]
+    schedule = Schedule(orders, gates)
+    return assert_valid(problem, build_plan(problem, schedule, simulate(problem, schedule), "test-memory"))
+
+
+def run_rank(rank: int, world: int, port: int, jobs: list[tuple[str, list[str]]], out_dir: str,
+             steps_per_plan: int = 1) -> None:
+    """One rank: for each (problem, plans) job, MLP stages in float64 run each plan (swapping between
+    them at iteration boundaries); grads and executor stats are written to out_dir/rank{r}.json."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        reports = [_run_job(rank, Problem.model_validate_json(problem_json),
+                            [Plan.model_validate_json(p) for p in plans_json], steps_per_plan)
+                   for problem_json, plans_json in jobs]
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(reports))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_job(rank: int, problem: Problem, plans: list[Plan], steps_per_plan: int) -> dict:
+    import torch
+    from torch.distributed.pipelining import PipelineStage
+
+    from client.torch_runtime import build_schedule
+
+    layers = make_layers(problem.num_stages)
+    mine = problem.stages_of(rank)
+    stages = [PipelineStage(layers[k], k, problem.num_stages, torch.device("cpu")) for k in mine]
+    planned_schedule = build_schedule(problem, plans[0], stages, loss_fn=mse)
+    x, y = batch(problem.num_microbatches)
+    first, last = problem.stages[0].device, problem.stages[-1].device
+    report: dict = {"steps": []}
+    for n, plan in enumerate(plans):
+        if n:
+            planned_schedule.swap(plan)
+        for _ in range(steps_per_plan):
+            for layer in layers:
+                layer.zero_grad(set_to_none=True)
+            planned_schedule.executor.stats.reset()
+            args = (x,) if rank == first else ()
+            if rank == last:
+                planned_schedule.step(*args, target=y)
+            else:
+                planned_schedule.step(*args)
+            stats = planned_schedule.executor.stats
+            report["steps"].append({
+                "revision": plan.revision,
+                "grads": {str(k): [g.tolist() for g in grads_of(layers[k])] for k in mine},
+                "offloaded": sorted([list(kv[0]) + [kv[1]] for kv in stats.offloaded_bytes.items()]),
+                "reloads": sorted(list(x) for x in stats.reloads),
+                "recomputes": sorted(list(x) for x in stats.recomputes),
+                "late": list(stats.late), "log": list(stats.log)})
+    return report
+
+
+def make_layers(num_stages: int):
+    """One small residual MLP block per stage (deterministic init), same on every process."""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = nn.Linear(WIDTH, 2 * WIDTH)
+            self.down = nn.Linear(2 * WIDTH, WIDTH)
+
+        def forward(self, x):
+            return x + self.down(torch.tanh(self.up(x)))
+
+    torch.manual_seed(0)
+    return [Block() for _ in range(num_stages)]
+
+
+def mse(output, target):
+    return ((output - target) ** 2).mean()
+
+
+def batch(microbatches: int):
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2 * microbatches, WIDTH, generator=g, dtype=torch.float64)
+    y = torch.randn(2 * microbatches, WIDTH, generator=g, dtype=torch.float64)
+    return x, y
+
+
+def grads_of(layer):
+    return [p.grad.detach().clone() for p in layer.parameters()]
+
+
+def reference_grads(num_stages: int, microbatches: int):
+    """The same model on one process, no pipeline: mean of the per-microbatch losses."""
+    import torch
+
+    torch.set_default_dtype(torch.float64)
+    layers = make_layers(num_stages)
+    x, y = batch(microbatches)
+    total = 0
+    for xs, ys in zip(x.chunk(microbatches), y.chunk(microbatches)):
+        h = xs
+        for layer in layers:
+            h = layer(h)
+        total = total + mse(h, ys)
+    (total / microbatches).backward()
+    return [grads_of(layer) for layer in layers]
+
+
+def spawn(jobs: list[tuple[Problem, list[Plan]]], out_dir: str, steps_per_plan: int = 1) -> list[list[dict]]:
+    """Run every job on one set of ranks (one process start for all); reports[job][rank]."""
+    import torch.multiprocessing as mp
+
+    world = jobs[0][0].num_devices
+    assert all(problem.num_devices == world for problem, _ in jobs)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    payload = [(problem.model_dump_json(), [p.model_dump_json() for p in plans]) for problem, plans in jobs]
+    mp.spawn(run_rank, nprocs=world, args=(world, free_port(), payload, out_dir, steps_per_plan), join=True)
+    per_rank = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
+    return [[per_rank[r][j] for r in range(world)] for j in range(len(jobs))]
