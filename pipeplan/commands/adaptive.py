@@ -1,0 +1,55 @@
+"""`pipeplan plan SPEC.json`: choose partition, placement and schedule together (planner.adaptive)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan(
+        spec: Path = typer.Argument(..., help="model/hardware/training spec (JSON)"),
+        time_limit: float = typer.Option(10.0, "--time-limit", help="seconds for search + optimizer"),
+        out: Optional[Path] = typer.Option(None, "--out", help="plan v1 JSON (default: stdout)"),
+        problem_out: Optional[Path] = typer.Option(
+            None, "--problem-out", help="write the chosen problem v1 (partition in metadata)"),
+        solve_top: int = typer.Option(2, "--solve-top", help="optimize the best N candidates"),
+    ) -> None:
+        """Search partition x placement x schedule for SPEC, optimize the best; print the candidate
+        table on stderr and write the plan v1 (and the problem v1 it belongs to)."""
+        from pydantic import ValidationError
+
+        from planner.adaptive import plan_adaptive
+        from planner.bounds import MemoryInfeasibleError
+        from planner.contract import error_messages
+        from planner.costmodel import Spec, is_problem_document
+        from pipeplan.io import fail, read_json, write_json
+
+        if time_limit <= 0:
+            fail("--time-limit: must be > 0")
+        doc = read_json(spec)
+        if is_problem_document(doc):
+            fail(f"{spec}: is a problem v1; `pipeplan plan` needs a model spec (use `pipeplan solve`"
+                 " for a fixed problem)")
+        try:
+            parsed = Spec.model_validate(doc)
+        except (ValidationError, ValueError) as exc:
+            fail(f"{spec}: " + "; ".join(error_messages(exc)))
+        try:
+            result = plan_adaptive(parsed, time_limit_s=time_limit, solve_top=solve_top)
+        except MemoryInfeasibleError as exc:
+            fail(str(exc))
+        typer.echo(result.table(), err=True)
+        for run in result.solver_runs:
+            typer.echo(f"optimizer on {run['candidate']} ({run['schedule']}): {run['heuristic_ms']:.2f}"
+                       f" -> {run['solver_ms']:.2f} ms [{run['status']}, {run['seconds']} s]", err=True)
+        best = result.best
+        typer.echo(f"chosen: {best.label}, {result.plan.makespan_ms:.2f} ms per iteration, peak"
+                   f" {max(result.plan.peak_memory_mib):.0f} MiB, partition {best.partition}"
+                   f" ({result.elapsed_s:.1f} s)", err=True)
+        if problem_out is not None:
+            write_json(result.problem, problem_out)
+        write_json(result.plan, out)

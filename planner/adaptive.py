@@ -1,0 +1,582 @@
+"""Adaptive pipelines: choose the partition, the placement and the schedule together (issue 7).
+
+Why: a uniform split of a heterogeneous model (a 256k-vocabulary head, MoE or Mamba blocks, MTP heads)
+leaves one device the bottleneck, and no schedule can remove that bubble. Following AdaPtis
+(co-optimising partition, placement and schedule under a performance model), the search here is:
+
+1. for each placement (loop with 1 or 2 stages per device, V with 2) build partitions: Megatron's
+   uniform one, the time-balanced one (exact min-max DP over per-layer F+B+W, embedding and heads
+   counted) and a memory-aware bottleneck split (binary search on the largest stage time, a greedy
+   feasibility check that also keeps each device's estimated static + in-flight activation memory
+   under its limit);
+2. evaluate each with the fast heuristics (planner.baselines) and the simulator: predicted iteration
+   time and peak memory per device, every limit respected (a schedule that does not fit is rejected);
+3. keep a shortlist and improve the best partitions by local moves of layer boundaries around the
+   bottleneck device, each move re-evaluated by the simulator (first improvement, time-boxed);
+4. run the optimizer (planner.solver.solve, hinted with the heuristic plan) on the best few.
+
+The result is an ordinary problem v1 (layer ranges in metadata["partition"]) and a validated plan v1.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .bounds import MemoryInfeasibleError, check_memory_feasible
+from .contract import Plan, Problem
+from .costmodel import (
+    LayerCost, Spec, build_problem, layer_costs, static_bytes_per_param, stage_device,
+    uniform_partition, balanced_partition,
+)
+from .ops import COMPUTE_KINDS, Kind
+
+# Schedules tried per placement (the heuristics say NotApplicable for the others anyway; listing
+# them saves the time of asking). Cheapest first.
+SCHEDULES = {
+    "loop1": ["1f1b", "zb-h1", "zb-h2", "greedy", "adaoffload", "pipeoffload"],
+    "loop": ["interleaved-1f1b", "greedy", "adaoffload", "pipeoffload"],
+    "v": ["zb-v", "greedy", "adaoffload", "pipeoffload"],
+}
+CONFIGS = (("loop", 1), ("loop", 2), ("v", 2))
+
+
+@dataclass
+class Candidate:
+    """One (placement, chunks, partition, schedule) point the search evaluated."""
+
+    placement: str
+    chunks: int
+    strategy: str
+    partition: list[list[int]]
+    schedule: str | None = None
+    makespan_ms: float | None = None
+    peak_memory_mib: list[float] | None = None
+    note: str = ""
+    problem: Problem | None = field(default=None, repr=False)
+    plan: Plan | None = field(default=None, repr=False)
+    schedules_tried: dict[str, float | str] = field(default_factory=dict, repr=False)
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is not None
+
+    @property
+    def label(self) -> str:
+        return f"{self.placement}x{self.chunks} {self.strategy}"
+
+    def row(self) -> dict[str, Any]:
+        limits = [d.memory_limit_mib for d in self.problem.devices] if self.problem else []
+        return {
+            "placement": self.placement, "chunks": self.chunks, "partition": self.strategy,
+            "schedule": self.schedule, "makespan_ms": self.makespan_ms,
+            "peak_memory_mib": max(self.peak_memory_mib) if self.peak_memory_mib else None,
+            "memory_limit_mib": min((x for x in limits if x is not None), default=None),
+            "layers_per_stage": [b - a for a, b in self.partition], "note": self.note,
+        }
+
+
+@dataclass
+class AdaptiveResult:
+    problem: Problem
+    plan: Plan
+    best: Candidate
+    candidates: list[Candidate]
+    elapsed_s: float
+    solver_runs: list[dict[str, Any]] = field(default_factory=list)
+
+    def table(self) -> str:
+        return format_table(self.candidates, self.best)
+
+
+# --------------------------------------------------------------------------------------------------
+# Partitions
+# --------------------------------------------------------------------------------------------------
+def _inflight(stage: int, spec: Spec, placement: str, chunks: int) -> float:
+    """Microbatches whose activation a stage holds at its peak under the usual schedules: 1F1B/ZB-H1:
+    S - k; interleaved 1F1B: Megatron's warm-up (P-d-1)·2 + (c-1)·P + 1 forward chunks over the c
+    stages of device d; ZB-V: about P per stage (its peak equals 1F1B's)."""
+    p, m = spec.training.devices, spec.training.microbatches
+    s = p * chunks
+    if chunks == 1:
+        return min(m, s - stage)
+    if placement == "v":
+        return min(m, p)
+    d = stage_device(stage, p, placement)
+    return min(m, ((p - d - 1) * 2 + (chunks - 1) * p + 1) / chunks)
+
+
+class _MemoryModel:
+    """Estimated peak memory of each device for a partition: static (parameters x bytes/param) plus
+    each stage's activation times its in-flight microbatches (only the checkpointed stage input for
+    all but one when offload/recompute are allowed). A pre-filter; the heuristics check the truth."""
+
+    def __init__(self, spec: Spec, costs: list[LayerCost], placement: str, chunks: int):
+        t, p = spec.training, spec.training.devices
+        self.placement, self.chunks, self.p = placement, chunks, p
+        self.bpp = static_bytes_per_param(t)
+        budgets = t.memory_budget_gib if isinstance(t.memory_budget_gib, list) else [t.memory_budget_gib] * p
+        self.limit = [((b if b is not None else spec.hardware.hbm_gib) - t.reserved_gib) * 2.0**30
+                      for b in budgets]
+        self.reduce = t.offload or t.recompute
+        self.boundary = spec.model.micro_batch_size * spec.model.seq_len * spec.model.hidden * 2
+        self.held = [_inflight(k, spec, placement, chunks) for k in range(p * chunks)]
+        self.params = _prefix([c.params for c in costs])
+        self.act = _prefix([c.activation_bytes for c in costs])
+
+    def stage(self, k: int, lo: int, hi: int) -> float:
+        act = self.act[hi] - self.act[lo]
+        extra = (min(self.boundary, act) if self.reduce else act) * max(0.0, self.held[k] - 1)
+        return (self.params[hi] - self.params[lo]) * self.bpp + act + extra
+
+    def excess(self, ranges: list[list[int]]) -> float:
+        used = [0.0] * self.p
+        for k, (lo, hi) in enumerate(ranges):
+            used[stage_device(k, self.p, self.placement)] += self.stage(k, lo, hi)
+        return sum(max(0.0, u - lim) for u, lim in zip(used, self.limit))
+
+
+def _prefix(values: list[float]) -> list[float]:
+    out = [0.0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
+
+
+def bottleneck_partition(spec: Spec, costs: list[LayerCost], placement: str, chunks: int,
+                         memory_aware: bool = True) -> list[list[int]] | None:
+    """Contiguous split minimising the largest stage F+B+W time such that (when memory_aware) each
+    device's estimated static + peak activation memory stays under its limit.
+
+    Binary search on the bottleneck T; feasibility of T by a greedy pass that fills stage after stage
+    as far as T and the device's memory allow (the classic min-max partition check, exact for time
+    alone). Returns None when no T fits the memory estimate."""
+    p = spec.training.devices
+    n, stages = len(costs), p * chunks
+    w = [c.total_ms for c in costs]
+    mem = _MemoryModel(spec, costs, placement, chunks)
+
+    def greedy(bound: float) -> list[list[int]] | None:
+        used = [0.0] * p
+        ranges, i = [], 0
+        for k in range(stages):
+            d = stage_device(k, p, placement)
+            last_allowed = n - (stages - k - 1)
+            j, total = i, 0.0
+            while j < last_allowed:
+                nt = total + w[j]
+                if nt > bound + 1e-9 or (memory_aware and used[d] + mem.stage(k, i, j + 1) > mem.limit[d]):
+                    break
+                total, j = nt, j + 1
+            if j == i or (k == stages - 1 and j < n):
+                return None
+            used[d] += mem.stage(k, i, j)
+            ranges.append([i, j])
+            i = j
+        return ranges
+
+    lo, hi = max(w), sum(w)
+    if greedy(hi) is None:
+        return None
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if greedy(mid) is None:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-6 * hi:
+            break
+    return greedy(hi)
+
+
+class Proxy:
+    """Analytic pipeline time of a partition, to rank partitions before simulating any.
+
+    (memory excess MiB, M x max device load + fill, sum of squared device loads): the steady state of
+    any 1F1B-like schedule is M times the busiest device's F+B+W per microbatch; the fill is about one
+    microbatch's F+B chain x (P-1)/(P·chunks) (interleaving and V shrink it by the chunks); memory
+    (the _MemoryModel estimate) is a hard constraint, hence first."""
+
+    def __init__(self, spec: Spec, costs: list[LayerCost], placement: str, chunks: int):
+        self.p, self.m, self.n = spec.training.devices, spec.training.microbatches, len(costs)
+        self.tot = _prefix([c.total_ms for c in costs])
+        chain = sum(c.forward_ms + c.backward_input_ms for c in costs)
+        self.fill = chain * (self.p - 1) / (self.p * chunks)
+        self.mem = _MemoryModel(spec, costs, placement, chunks)
+        self.dev = [stage_device(k, self.p, placement) for k in range(self.p * chunks)]
+
+    def loads(self, cuts: list[int]) -> list[float]:
+        load = [0.0] * self.p
+        for k, (a, b) in enumerate(zip([0] + cuts, cuts + [self.n])):
+            load[self.dev[k]] += self.tot[b] - self.tot[a]
+        return load
+
+    def score_cuts(self, cuts: list[int]) -> tuple[float, float, float]:
+        load = self.loads(cuts)
+        ranges = [[a, b] for a, b in zip([0] + cuts, cuts + [self.n])]
+        return (round(self.mem.excess(ranges) / 2**20, 3), self.m * max(load) + self.fill,
+                sum(x * x for x in load))
+
+    def score(self, ranges: list[list[int]]) -> tuple[float, float, float]:
+        return self.score_cuts([r[1] for r in ranges[:-1]])
+
+
+def device_balanced_partition(spec: Spec, costs: list[LayerCost], placement: str, chunks: int,
+                              start: list[list[int]], max_rounds: int = 2000) -> list[list[int]]:
+    """Local moves of layer boundaries minimising the analytic `Proxy` from `start`.
+
+    With several stages per device the bottleneck is a device's *sum* of stages (a heavy LM-head stage
+    should share its device with a light stage), which a per-stage min-max cannot see. Steepest
+    descent over boundary moves; pure arithmetic, so thousands of moves cost milliseconds."""
+    proxy = Proxy(spec, costs, placement, chunks)
+    p, n, dev = proxy.p, proxy.n, proxy.dev
+    score, loads = proxy.score_cuts, proxy.loads
+
+    def neighbours(cuts: list[int]):
+        """Every boundary +-1, and moving one layer from a stage of the busiest device to any other
+        stage (the stages between keep their sizes and slide by one layer)."""
+        bounds = [0] + cuts + [n]
+        for i in range(len(cuts)):
+            for delta in (-1, 1):
+                c = cuts[i] + delta
+                if bounds[i] < c < bounds[i + 2]:
+                    yield cuts[:i] + [c] + cuts[i + 1:]
+        load = loads(cuts)
+        hot = max(range(p), key=load.__getitem__)
+        for k in (k for k in range(len(dev)) if dev[k] == hot and bounds[k + 1] - bounds[k] >= 2):
+            for t in range(len(dev)):
+                if t < k:  # stage t grows at its end, stages t+1..k slide right
+                    yield [c + 1 if t <= i < k else c for i, c in enumerate(cuts)]
+                elif t > k:  # stage t grows at its start, stages k+1..t-1 slide left
+                    yield [c - 1 if k <= i < t else c for i, c in enumerate(cuts)]
+
+    cuts = [r[1] for r in start[:-1]]
+    best = score(cuts)
+    for _ in range(max_rounds):
+        step = None
+        for trial in neighbours(cuts):
+            s = score(trial)
+            if s < best and (step is None or s < step[0]):
+                step = (s, trial)
+        if step is None:
+            break
+        best, cuts = step
+    return [[a, b] for a, b in zip([0] + cuts, cuts + [n])]
+
+
+def partitions_for(spec: Spec, costs: list[LayerCost], placement: str, chunks: int) -> dict[str, list[list[int]]]:
+    """The starting partitions of one placement, by strategy name (duplicates dropped)."""
+    stages = spec.training.devices * chunks
+    out: dict[str, list[list[int]]] = {"uniform": uniform_partition([c.type for c in costs], stages)}
+    out["balanced"] = balanced_partition([c.total_ms for c in costs], stages)
+    mem = bottleneck_partition(spec, costs, placement, chunks)
+    if mem is not None:
+        out["bottleneck"] = mem
+    for name in list(out):  # the device-level refinement of every start
+        out[f"dev-{name}"] = device_balanced_partition(spec, costs, placement, chunks, out[name])
+    seen, unique = set(), {}
+    for name, ranges in out.items():
+        key = tuple(map(tuple, ranges))
+        if key not in seen:
+            seen.add(key)
+            unique[name] = ranges
+    return unique
+
+
+# --------------------------------------------------------------------------------------------------
+# Evaluation
+# --------------------------------------------------------------------------------------------------
+def _baselines():
+    from . import baselines  # the baselines helper's package; imported late (optional at import time)
+
+    return baselines
+
+
+def evaluate(spec: Spec, costs: list[LayerCost], placement: str, chunks: int, strategy: str,
+             partition: list[list[int]], schedules: list[str] | None = None) -> Candidate:
+    """Build the problem of one candidate and time it with the heuristics; keep the fastest plan
+    that fits every device's memory limit."""
+    b = _baselines()
+    cand = Candidate(placement, chunks, strategy, [list(r) for r in partition])
+    problem = build_problem(spec, cand.partition, placement, chunks, costs)
+    cand.problem = problem
+    try:
+        check_memory_feasible(problem)
+    except MemoryInfeasibleError as exc:
+        cand.note = "memory: " + str(exc).split(": ", 1)[-1][:120]
+        return cand
+    names = schedules or SCHEDULES["loop1" if chunks == 1 else placement]
+    key = problem.key()
+    short: list[str] = []
+    for name in names:
+        try:
+            plan = b.run_baseline(problem, name, problem_key=key)
+        except b.NotApplicable:
+            continue
+        except b.DoesNotFit as exc:
+            cand.schedules_tried[name] = "does not fit"
+            short.append(f"{name} needs {max(exc.needed_mib):.0f} MiB")
+            continue
+        cand.schedules_tried[name] = plan.makespan_ms
+        if cand.plan is None or plan.makespan_ms < cand.plan.makespan_ms - 1e-9:
+            cand.plan, cand.schedule = plan, name
+    if cand.plan is not None:
+        cand.makespan_ms = cand.plan.makespan_ms
+        cand.peak_memory_mib = list(cand.plan.peak_memory_mib)
+    else:
+        cand.note = "no schedule fits: " + "; ".join(short[:2]) if short else "no applicable schedule"
+    return cand
+
+
+def _device_busy(problem: Problem, plan: Plan) -> list[float]:
+    busy = [0.0] * problem.num_devices
+    for dp in plan.devices:
+        busy[dp.device] = sum(op.end_ms - op.start_ms for op in dp.ops if Kind(op.kind) in COMPUTE_KINDS)
+    return busy
+
+
+def _moves(cand: Candidate) -> list[list[list[int]]]:
+    """Boundary moves that shrink the stages of the busiest device, heaviest stage first, then the
+    moves of every other boundary (the critical path is not always the busiest device)."""
+    problem, plan, ranges = cand.problem, cand.plan, cand.partition
+    busy = _device_busy(problem, plan)
+    hot = max(range(len(busy)), key=busy.__getitem__)
+    weight = lambda k: (problem.stages[k].forward_ms + problem.stages[k].backward_input_ms
+                        + problem.stages[k].backward_weight_ms)
+    hot_stages = sorted(problem.stages_of(hot), key=weight, reverse=True)
+    order = hot_stages + sorted((k for k in range(len(ranges)) if k not in hot_stages), key=weight, reverse=True)
+    out: list[list[list[int]]] = []
+    for k in order:
+        a, b = ranges[k]
+        if b - a < 2:
+            continue
+        if k > 0:  # give the first layer to the previous stage
+            new = [list(r) for r in ranges]
+            new[k - 1][1] += 1
+            new[k][0] += 1
+            out.append(new)
+        if k + 1 < len(ranges):  # give the last layer to the next stage
+            new = [list(r) for r in ranges]
+            new[k][1] -= 1
+            new[k + 1][0] -= 1
+            out.append(new)
+    return out
+
+
+def local_search(spec: Spec, costs: list[LayerCost], start: Candidate, deadline: float,
+                 on_candidate: Callable[[Candidate], None] | None = None) -> tuple[Candidate, list[Candidate]]:
+    """First-improvement hill climbing on layer boundaries, each move timed by the candidate's own
+    schedule through the simulator; stops at a local optimum or the deadline."""
+    best, tried = start, []
+    seen = {tuple(map(tuple, start.partition))}
+    names = [start.schedule] if start.schedule else None
+    improved = True
+    while improved and time.monotonic() < deadline:
+        improved = False
+        for ranges in _moves(best):
+            if time.monotonic() >= deadline:
+                break
+            key = tuple(map(tuple, ranges))
+            if key in seen:
+                continue
+            seen.add(key)
+            cand = evaluate(spec, costs, best.placement, best.chunks, "local", ranges, names)
+            tried.append(cand)
+            if on_candidate:
+                on_candidate(cand)
+            if cand.fits and cand.makespan_ms < best.makespan_ms - 1e-6:
+                best, improved = cand, True
+                break
+    if best is not start:
+        # the moved partition may now suit another schedule better
+        full = evaluate(spec, costs, best.placement, best.chunks, "local", best.partition)
+        if full.fits and full.makespan_ms <= best.makespan_ms:
+            best = full
+        tried.append(full)
+        if on_candidate:
+            on_candidate(full)
+    return best, tried
+
+
+# --------------------------------------------------------------------------------------------------
+# The search
+# --------------------------------------------------------------------------------------------------
+def _as_spec(spec: Spec | dict) -> Spec:
+    return spec if isinstance(spec, Spec) else Spec.model_validate(spec)
+
+
+def _configs(spec: Spec) -> list[tuple[str, int]]:
+    n = len(spec.model.layer_groups())
+    return [(pl, c) for pl, c in CONFIGS if n >= spec.training.devices * c]
+
+
+def search(spec: Spec | dict, budget_s: float = 5.0,
+           on_candidate: Callable[[Candidate], None] | None = None, reference: bool = True,
+           min_evaluations: int = 3) -> list[Candidate]:
+    """Every candidate evaluated, best first.
+
+    1. Build the partitions of every placement and rank them by the analytic `Proxy` (cheap);
+    2. time them with the heuristics in that order (at least `min_evaluations`, then while 60% of
+       the budget lasts); with `reference`, Megatron's default (uniform, loop x 2, interleaved 1F1B)
+       is always timed too, so the result is never slower than it;
+    3. local moves of layer boundaries, timed by the simulator, from the best candidate of up to two
+       placements until the budget ends."""
+    spec = _as_spec(spec)
+    start = time.monotonic()
+    deadline = start + budget_s
+    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    evaluated: list[Candidate] = []
+
+    def record(cand: Candidate) -> None:
+        evaluated.append(cand)
+        if on_candidate:
+            on_candidate(cand)
+
+    configs = _configs(spec)
+    if reference and ("loop", 2) in configs:
+        ranges = uniform_partition([c.type for c in costs], 2 * spec.training.devices)
+        record(evaluate(spec, costs, "loop", 2, "uniform", ranges, ["interleaved-1f1b"]))
+    pool = []
+    for placement, chunks in configs:
+        proxy = Proxy(spec, costs, placement, chunks)
+        for strategy, ranges in partitions_for(spec, costs, placement, chunks).items():
+            if strategy == "uniform":
+                continue  # a reference, not a contender (timed above when asked)
+            pool.append((proxy.score(ranges), placement, chunks, strategy, ranges))
+    pool.sort(key=lambda x: x[0])
+    done = 0
+    for _, placement, chunks, strategy, ranges in pool:
+        if done >= min_evaluations and time.monotonic() > start + 0.6 * budget_s:
+            break
+        record(evaluate(spec, costs, placement, chunks, strategy, ranges))
+        done += 1
+    fitting = sorted((c for c in evaluated if c.fits and c.strategy != "uniform"),
+                     key=lambda c: c.makespan_ms)
+    starts, seen_configs = [], set()
+    for cand in fitting:
+        if (cand.placement, cand.chunks) not in seen_configs:
+            seen_configs.add((cand.placement, cand.chunks))
+            starts.append(cand)
+    starts = starts[:2]
+    for i, cand in enumerate(starts):
+        share = (deadline - time.monotonic()) / (len(starts) - i)
+        if share <= 0.05:
+            break
+        _, tried = local_search(spec, costs, cand, time.monotonic() + share, record)
+    unique, seen = [], set()
+    for cand in sorted(evaluated, key=lambda c: (not c.fits, c.makespan_ms if c.fits else math.inf)):
+        key = (cand.placement, cand.chunks, tuple(map(tuple, cand.partition)), cand.schedule)
+        if key not in seen:  # local search may reach one partition by several paths
+            seen.add(key)
+            unique.append(cand)
+    return unique
+
+
+def _raise_infeasible(spec: Spec, candidates: list[Candidate]) -> None:
+    """No candidate fits: raise MemoryInfeasibleError with the least memory any candidate needs."""
+    best_needed = None
+    for cand in candidates:
+        if cand.problem is None:
+            continue
+        from .bounds import min_memory
+
+        needed = min_memory(cand.problem)
+        if best_needed is None or max(needed) < max(best_needed[0]):
+            best_needed = (needed, [cand.problem.limit_of(d) for d in range(cand.problem.num_devices)])
+    if best_needed is None:
+        raise ValueError("adaptive: no candidate could be built")
+    needed, limits = best_needed
+    if all(n <= lim for n, lim in zip(needed, limits)):
+        # feasible in principle (offload/recompute could fit) but no heuristic found a fitting plan
+        raise MemoryInfeasibleError([max(n, lim * 1.0001) for n, lim in zip(needed, limits)], limits)
+    raise MemoryInfeasibleError(needed, limits)
+
+
+def _finalize(problem: Problem, cand: Candidate) -> Problem:
+    meta = dict(problem.metadata)
+    meta["partition_strategy"] = "auto"
+    return problem.model_copy(update={"metadata": meta})
+
+
+def adaptive_problem(spec: Spec | dict, budget_s: float = 2.0) -> Problem:
+    """The problem of the best candidate found by the heuristic search (no optimizer): fast enough to
+    answer a request inline. Raises MemoryInfeasibleError when nothing fits."""
+    spec = _as_spec(spec)
+    candidates = search(spec, budget_s, reference=False, min_evaluations=2)
+    if not candidates or not candidates[0].fits:
+        _raise_infeasible(spec, candidates)
+    return _finalize(candidates[0].problem, candidates[0])
+
+
+def plan_adaptive(spec: Spec | dict, time_limit_s: float = 10.0, solve_top: int = 2,
+                  on_candidate: Callable[[Candidate], None] | None = None, engine: str = "auto",
+                  workers: int | None = None, stop=None) -> AdaptiveResult:
+    """Search (about 40% of the time limit), then the optimizer on the `solve_top` best distinct
+    placements (the rest). Returns the best problem v1 + validated plan v1 and every candidate."""
+    spec = _as_spec(spec)
+    start = time.monotonic()
+    candidates = search(spec, 0.4 * time_limit_s, on_candidate)
+    fitting = [c for c in candidates if c.fits]
+    if not fitting:
+        _raise_infeasible(spec, candidates)
+    best = fitting[0]
+    problem = _finalize(best.problem, best)
+    best_plan = _rekey(best.plan, problem)
+    runs: list[dict[str, Any]] = []
+    # the optimizer's shortlist: the best of each placement first (diversity), then the next best
+    shortlist, seen = [], set()
+    for cand in fitting:
+        if (cand.placement, cand.chunks) not in seen:
+            seen.add((cand.placement, cand.chunks))
+            shortlist.append(cand)
+    shortlist = (shortlist + [c for c in fitting if c not in shortlist])[:solve_top]
+    try:
+        from .solver import solve
+    except ImportError:  # optimizer not installed: the heuristic result stands
+        solve = None
+    remaining = time_limit_s - (time.monotonic() - start)
+    if solve is not None and shortlist and remaining > 0.5:
+        for i, cand in enumerate(shortlist):
+            share = (time_limit_s - (time.monotonic() - start)) / (len(shortlist) - i)
+            if share < 0.3 or (stop is not None and stop.is_set()):
+                break
+            cand_problem = _finalize(cand.problem, cand)
+            hint = _rekey(cand.plan, cand_problem)
+            result = solve(cand_problem, time_limit_s=share, hint=hint, engine=engine, workers=workers,
+                           stop=stop, problem_key=cand_problem.key())
+            runs.append({"candidate": cand.label, "schedule": cand.schedule, "heuristic_ms": cand.makespan_ms,
+                         "solver_ms": result.plan.makespan_ms, "status": result.status,
+                         "engine": result.engine, "seconds": round(share, 2)})
+            if result.plan.makespan_ms < best_plan.makespan_ms - 1e-9:
+                best, problem, best_plan = cand, cand_problem, result.plan
+                best_plan = best_plan.model_copy(update={"method": f"adaptive: {cand.label}; {best_plan.method}"})
+    if not best_plan.method.startswith("adaptive"):
+        best_plan = best_plan.model_copy(update={"method": f"adaptive: {best.label}; {best_plan.method}"})
+    from .validator import assert_valid
+
+    assert_valid(problem, best_plan)
+    return AdaptiveResult(problem=problem, plan=best_plan, best=best, candidates=candidates,
+                          elapsed_s=time.monotonic() - start, solver_runs=runs)
+
+
+def _rekey(plan: Plan, problem: Problem) -> Plan:
+    return plan.model_copy(update={"problem_key": problem.key()})
+
+
+def format_table(candidates: list[Candidate], best: Candidate | None = None) -> str:
+    """A plain-text table of the candidates (best first): what `pipeplan plan` prints on stderr."""
+    lines = [f"{'placement':<9} {'partition':<14} {'schedule':<17} {'time ms':>10} {'peak MiB':>9} "
+             f"{'limit MiB':>9}  layers/stage"]
+    for cand in candidates:
+        r = cand.row()
+        mark = "*" if cand is best else " "
+        ms = f"{r['makespan_ms']:.2f}" if r["makespan_ms"] is not None else "-"
+        peak = f"{r['peak_memory_mib']:.0f}" if r["peak_memory_mib"] is not None else "-"
+        lim = f"{r['memory_limit_mib']:.0f}" if r["memory_limit_mib"] is not None else "inf"
+        lps = ",".join(map(str, r["layers_per_stage"]))
+        note = f"  ({r['note']})" if r["note"] else ""
+        lines.append(f"{mark}{cand.placement + 'x' + str(cand.chunks):<8} {cand.strategy:<14} "
+                     f"{(r['schedule'] or '-'):<17} {ms:>10} {peak:>9} {lim:>9}  {lps}{note}")
+    return "\n".join(lines)

@@ -1,0 +1,115 @@
+"""Adaptive partitioning: the search beats Megatron's default on a heavy-head model, respects memory
+limits, answers "partition": "auto", and `pipeplan plan` writes a valid problem + plan."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeplan.cli import app
+from planner import baselines
+from planner.adaptive import (
+    Proxy, adaptive_problem, bottleneck_partition, device_balanced_partition, plan_adaptive, search,
+)
+from planner.bounds import MemoryInfeasibleError
+from planner.contract import Plan, Problem
+from planner.costmodel import Spec, build_problem, layer_costs, problem_from_document, uniform_partition
+from planner.validator import validate_plan
+
+
+def small_doc(**training) -> dict:
+    """A 12-block model whose 128k-vocabulary head costs about three blocks: uniform is unbalanced."""
+    doc = {
+        "model": {"name": "tiny-big-vocab", "layers": 12, "hidden": 1024, "ffn": 2816, "heads": 8,
+                  "vocab": 131072, "seq_len": 2048},
+        "hardware": "A100-80GB",
+        "training": {"devices": 4, "microbatches": 8},
+    }
+    doc["training"].update(training)
+    return doc
+
+
+def megatron_default(spec: Spec) -> Plan:
+    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    problem = build_problem(spec, uniform_partition([c.type for c in costs], 8), "loop", 2, costs)
+    return baselines.run_baseline(problem, "interleaved-1f1b")
+
+
+def test_adaptive_beats_uniform_interleaved_and_returns_a_valid_pair():
+    spec = Spec.model_validate(small_doc())
+    result = plan_adaptive(spec, time_limit_s=3.0, solve_top=1)
+    assert validate_plan(result.problem, result.plan) == []
+    assert result.plan.problem_key == result.problem.key()
+    ranges = result.problem.metadata["partition"]
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(result.problem.metadata["layers"])
+    assert len(ranges) == len(result.problem.stages)
+    reference = megatron_default(spec)
+    assert result.plan.makespan_ms < 0.9 * reference.makespan_ms
+    for cand in result.candidates:  # every candidate reports its predicted time and peak memory
+        if cand.fits:
+            assert cand.makespan_ms > 0 and len(cand.peak_memory_mib) == 4
+    assert any(c.strategy == "uniform" and c.schedule == "interleaved-1f1b" for c in result.candidates)
+    assert "placement" in result.table().splitlines()[0]
+
+
+def test_memory_limits_hold_for_every_candidate_and_infeasible_budgets_raise():
+    spec = Spec.model_validate(small_doc(memory_budget_gib=12, dp_shards=1))
+    cands = search(spec, budget_s=1.5)
+    fitting = [c for c in cands if c.fits]
+    assert fitting
+    for cand in fitting:
+        limits = [d.memory_limit_mib for d in cand.problem.devices]
+        assert all(p <= lim + 1e-6 for p, lim in zip(cand.peak_memory_mib, limits))
+    with pytest.raises(MemoryInfeasibleError):
+        adaptive_problem(Spec.model_validate(small_doc(memory_budget_gib=0.5)), budget_s=0.5)
+
+
+def test_bottleneck_partition_keeps_the_memory_estimate_under_the_limit():
+    spec = Spec.model_validate(small_doc(memory_budget_gib=12))
+    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    ranges = bottleneck_partition(spec, costs, "loop", 1)
+    assert ranges is not None and ranges[-1][1] == len(costs)
+    assert Proxy(spec, costs, "loop", 1).score(ranges)[0] == 0  # no memory excess in the estimate
+    tiny = Spec.model_validate(small_doc(memory_budget_gib=1))
+    assert bottleneck_partition(tiny, layer_costs(tiny.model, tiny.hardware, tiny.training), "loop", 1) is None
+
+
+def test_device_balancing_pairs_the_heavy_head_with_a_light_stage():
+    spec = Spec.model_validate(small_doc())
+    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    start = uniform_partition([c.type for c in costs], 8)
+    proxy = Proxy(spec, costs, "v", 2)
+    ranges = device_balanced_partition(spec, costs, "v", 2, start)
+    assert proxy.score(ranges) < proxy.score(start)
+    assert max(proxy.loads([r[1] for r in ranges[:-1]])) < 0.8 * max(proxy.loads([r[1] for r in start[:-1]]))
+
+
+def test_partition_auto_in_a_spec_document():
+    problem = problem_from_document({**small_doc(), "partition": "auto"})
+    assert problem.metadata["partition_strategy"] == "auto"
+    assert Problem.model_validate_json(problem.model_dump_json()).key() == problem.key()
+
+
+def test_cli_plan_writes_problem_and_plan(tmp_path):
+    (tmp_path / "spec.json").write_text(json.dumps(small_doc()))
+    result = CliRunner().invoke(app, ["plan", str(tmp_path / "spec.json"), "--time-limit", "2",
+                                      "--solve-top", "1", "--out", str(tmp_path / "plan.json"),
+                                      "--problem-out", str(tmp_path / "problem.json")])
+    assert result.exit_code == 0, result.output
+    assert "placement" in result.stderr and "chosen:" in result.stderr
+    problem = Problem.model_validate_json((tmp_path / "problem.json").read_text())
+    plan = Plan.model_validate_json((tmp_path / "plan.json").read_text())
+    assert validate_plan(problem, plan) == []
+
+
+def test_cli_plan_rejects_bad_specs(tmp_path):
+    doc = small_doc()
+    doc["model"].pop("heads")
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    result = CliRunner().invoke(app, ["plan", str(tmp_path / "bad.json")])
+    assert result.exit_code == 2 and "model.heads" in result.stderr
+    (tmp_path / "oom.json").write_text(json.dumps(small_doc(memory_budget_gib=0.5)))
+    result = CliRunner().invoke(app, ["plan", str(tmp_path / "oom.json"), "--time-limit", "1"])
+    assert result.exit_code == 2 and "infeasible" in result.stderr
