@@ -173,14 +173,11 @@ def _problem_of(body: PlanRequest) -> Problem:
 
     spec = body.spec or {}
     try:
-        if spec.get("partition") == "auto":
-            try:
-                from planner.adaptive import adaptive_problem
-            except ImportError:
-                raise ApiError(422, "invalid_request",
-                               'spec.partition: "auto" needs planner.adaptive, which is not installed') from None
-            return adaptive_problem(spec)
-        return problem_from_document(spec)
+        return problem_from_document(spec)  # "partition": "auto" goes through planner.adaptive
+    except ImportError as exc:
+        raise ApiError(422, "invalid_request",
+                       f"spec.partition: {spec.get('partition')!r} needs {exc.name or 'a module'}, which is"
+                       " not installed") from None
     except ApiError:
         raise
     except MemoryInfeasibleError:
@@ -319,22 +316,27 @@ def get_problem(key: str, request: Request) -> Response:
 
 
 # -- SSE ------------------------------------------------------------------------------------------
+async def known_key(key: str, request: Request) -> str:
+    """Dependency: 404 before a stream starts (an error inside the generator would be too late)."""
+    check_key(key)
+    if await state_of(request).best(key) is None:
+        raise ApiError(404, "not_found", f"no plan cached for key {key}")
+    return key
+
+
 @router.get("/plans/{key}/events", response_class=EventSourceResponse,
             summary="Server-sent events: one `revision` event per new revision (id = revision)",
             description="Resume with `Last-Event-ID: N` (or `?after=N`): revisions after N are replayed"
             " first. Without either, the stream starts with the current best revision. Event data is the"
             " plan v1 document (`?summary=true`: key, revision, makespan only). `job` events (no id) report"
             " refine job state changes.",
-            dependencies=[Depends(require_read)])
+            dependencies=[Depends(require_read), Depends(known_key)])
 async def events(key: str, request: Request, after: int | None = Query(None, ge=0),
                  summary: bool = False, last_event_id: str | None = Header(None)):
-    check_key(key)
     st = state_of(request)
     start_after = after
     if last_event_id and last_event_id.strip().isdigit():
         start_after = int(last_event_id.strip())
-    if await st.best(key) is None:
-        raise ApiError(404, "not_found", f"no plan cached for key {key}")
 
     def event_of(revision: int, plan_json: str) -> ServerSentEvent:
         if summary:

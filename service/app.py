@@ -109,7 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             except Exception as exc:
                 checks[name] = f"unavailable: {type(exc).__name__}"
         ok = all(v == "ok" for v in checks.values())
-        return JSONResponse({"status": "ok" if ok else "unavailable", "queue": state.queue.kind, **checks},
+        return JSONResponse({"status": "ok" if ok else "unavailable", "queue_kind": state.queue.kind, **checks},
                             200 if ok else 503, headers=None if ok else {"Retry-After": str(settings.retry_after_s)})
 
     @app.get("/metrics", tags=["ops"], summary="Prometheus metrics")

@@ -240,3 +240,19 @@ class LiveServer:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+def hard_problem(tag: str | None = None, microbatches: int = 12) -> Problem:
+    """4 devices under tight memory (offload + recompute): the solver keeps improving for seconds
+    instead of proving the heuristic optimal at once, so jobs are still solving when tests act."""
+    from planner.bounds import min_memory
+
+    stages = [Stage(device=k, forward_ms=1.0 + 0.3 * (k % 3), backward_input_ms=1.1 + 0.2 * k,
+                    backward_weight_ms=0.9, recompute_ms=1.0, offload_ms=1.5, activation_mib=500.0,
+                    weight_grad_mib=100.0, checkpoint_mib=20.0) for k in range(4)]
+    loose = Problem(num_devices=4, num_microbatches=microbatches, p2p_ms=0.05,
+                    options=Options(split_backward=True, offload=True, recompute=True), stages=stages,
+                    devices=[Device(memory_limit_mib=None, static_mib=1000.0) for _ in range(4)],
+                    metadata={"test": tag or uuid.uuid4().hex, "model": "hard-test"})
+    return loose.model_copy(update={"devices": [Device(memory_limit_mib=m + 600.0, static_mib=1000.0)
+                                                for m in min_memory(loose)]})
