@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from core_schedules import gpipe, make_problem, one_f_one_b, plan_of, serialized
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core_schedules import gpipe, make_problem, one_f_one_b, plan_of, serialized
 from planner.bounds import MemoryInfeasibleError, check_memory_feasible, lower_bound, min_memory
 from planner.contract import Problem
 from planner.validator import validate_plan

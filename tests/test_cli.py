@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from core_schedules import make_problem, one_f_one_b, plan_of, problem_doc
 from typer.testing import CliRunner
 
-from core_schedules import make_problem, one_f_one_b, plan_of, problem_doc
 from pipeplan.cli import app
 from pipeplan.settings import get_settings
 from planner.baselines import NAMES
@@ -236,9 +236,9 @@ def test_console_script_exit_codes(files):
     _, _, problem_path, plan_path = files
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-c", "from pipeplan.cli import main; main()"]
-    ok = subprocess.run(cmd + ["validate", str(problem_path), str(plan_path)], capture_output=True, text=True,
+    ok = subprocess.run(cmd + ["validate", str(problem_path), str(plan_path)], capture_output=True, text=True, check=False,
                         env=env, timeout=60)
     assert ok.returncode == 0 and ok.stdout.startswith("valid")
-    bad = subprocess.run(cmd + ["validate", str(plan_path), str(plan_path)], capture_output=True, text=True,
+    bad = subprocess.run(cmd + ["validate", str(plan_path), str(plan_path)], capture_output=True, text=True, check=False,
                          env=env, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("error: bad input:")

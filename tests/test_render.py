@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
+from core_schedules import make_problem, one_f_one_b, plan_of, serialized
 from matplotlib.collections import PolyCollection
 
-from core_schedules import make_problem, one_f_one_b, plan_of, serialized
 from planner.ops import Kind
 from planner.render import PALETTE, RenderOptions, gantt_figure, render
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from core_schedules import gpipe, make_problem, one_f_one_b, plan_of, serialized
+
 from planner.memory import memory_curve
 from planner.ops import Choice, Kind, Op
 from planner.simulator import (
@@ -148,8 +148,8 @@ def test_schedule_from_plan_round_trip():
 
 
 @pytest.mark.parametrize("kw", [
-    dict(p=2, m=3, p2p=0.5, offload=True),
-    dict(p=2, m=3, chunks=2, placement="v", recompute=True),
+    {"p": 2, "m": 3, "p2p": 0.5, "offload": True},
+    {"p": 2, "m": 3, "chunks": 2, "placement": "v", "recompute": True},
 ])
 def test_schedule_from_plan_keeps_orders(kw):
     """A plan built with extra gates re-times to the same orders, never later, still valid."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-
 from core_schedules import make_problem, one_f_one_b, plan_of, serialized
+
 from planner.contract import Plan, PlanOp, Problem
 from planner.validator import InvalidPlanError, assert_valid, validate_plan
 

@@ -10,7 +10,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -30,7 +30,7 @@ from planner.contract import Plan, Problem
 
 ProblemArg = Annotated[Path, typer.Argument(metavar="PROBLEM.json",
                                             help="A problem v1 document or a model spec (detected).")]
-OutOpt = Annotated[Optional[Path], typer.Option("--out", "-o", help="Write here instead of stdout.")]
+OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write here instead of stdout.")]
 
 
 def _check_memory(problem: Problem) -> list[float]:
@@ -80,7 +80,8 @@ def baseline_cmd(
     except NotApplicable as exc:
         bad_input(f"{name} is not applicable: {exc.reason}")
     except DoesNotFit as exc:
-        infeasible(f"{name} does not fit: {_does_not_fit_text(problem, exc.needed_mib)}"
+        detail = _does_not_fit_text(problem, exc.needed_mib) if exc.needed_mib else str(exc)
+        infeasible(f"{name} does not fit: {detail}"
                    f" — try greedy, pipeoffload or adaoffload")
     write_json(plan, out)
     if out is not None:
@@ -115,11 +116,12 @@ class Row:
     seconds: float = 0.0
     reason: str | None = None  # not applicable
     needed_mib: list[float] = field(default_factory=list)  # does not fit
+    message: str | None = None  # does not fit: the baseline's own words
 
     def to_dict(self, lower_bound: float) -> dict:
         if self.plan is None:
             status = "not_applicable" if self.reason else "does_not_fit"
-            return {"name": self.name, "status": status, "reason": self.reason,
+            return {"name": self.name, "status": status, "reason": self.reason or self.message,
                     "needed_mib": self.needed_mib or None}
         p = self.plan
         return {"name": self.name, "status": "ok", "makespan_ms": p.makespan_ms, "bubble_ratio": p.bubble_ratio,
@@ -142,7 +144,7 @@ def run_all(problem: Problem) -> list[Row]:
         except NotApplicable as exc:
             rows.append(Row(name, reason=exc.reason))
         except DoesNotFit as exc:
-            rows.append(Row(name, needed_mib=list(exc.needed_mib), reason=None))
+            rows.append(Row(name, needed_mib=list(exc.needed_mib or []), message=str(exc)))
     return rows
 
 
@@ -207,8 +209,8 @@ def compare_cmd(
         if r.reason:
             table.add_row(f"[dim]{r.name}", "—", "—", "—", f"[dim]not applicable: {r.reason}")
         else:
-            table.add_row(f"[dim]{r.name}", "—", "—", "—",
-                          f"[yellow]does not fit: needs {_per_device(r.needed_mib, scale, limits)}")
+            detail = f"needs {_per_device(r.needed_mib, scale, limits)}" if r.needed_mib else r.message
+            table.add_row(f"[dim]{r.name}", "—", "—", "—", f"[yellow]does not fit: {detail}")
     console.print(table)
     console.print(f"lower bound {bound:.6g} ms; min memory per device ({unit}): "
                   f"{_per_device(needed, scale, limits, width=16)}")
@@ -220,7 +222,7 @@ def render_cmd(
     problem_path: ProblemArg,
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json")],
     out: Annotated[Path, typer.Option("--out", "-o", help="FILE.svg or FILE.png")],
-    title: Annotated[Optional[str], typer.Option(help="Chart title (default: method and metrics).")] = None,
+    title: Annotated[str | None, typer.Option(help="Chart title (default: method and metrics).")] = None,
     width: Annotated[float, typer.Option(help="Width in inches.", min=3.0, max=60.0)] = 13.0,
     dpi: Annotated[int, typer.Option(help="Resolution of a PNG.", min=50, max=600)] = 150,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Memory curves beneath.")] = True,
@@ -258,4 +260,4 @@ def register(app: typer.Typer) -> None:
     app.command("render")(render_cmd)
 
 
-__all__ = ["register", "run_all", "Row"]
+__all__ = ["Row", "register", "run_all"]
