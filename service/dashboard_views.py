@@ -150,11 +150,15 @@ def nice_step(span: float, target_ticks: int = 8) -> float:
 
 def _ticks(lo: float, hi: float, target: int = 8) -> list[float]:
     step = nice_step(hi - lo, target)
+    if step <= abs(hi) * 1e-9:  # a span lost in float noise: one tick, never an endless loop
+        return [lo]
     first = math.ceil(lo / step) * step
-    out, t = [], first
-    while t <= hi + 1e-9 * max(1.0, abs(hi)):
+    out = []
+    for i in range(4 * target + 2):  # by index: adding a tiny step to a big float can stall
+        t = first + i * step
+        if t > hi + 1e-9 * max(1.0, abs(hi)):
+            break
         out.append(round(t, 10))
-        t += step
     return out
 
 
@@ -362,7 +366,7 @@ def history_svg(points: Sequence[RevisionPoint], width: int = 560, height: int =
     span_s = max(secs[-1], 1.0)
     values = [p.makespan_ms for p in pts] + [p.lower_bound_ms for p in pts]
     lo, hi = min(values), max(values)
-    pad = (hi - lo) * 0.15 or max(hi * 0.05, 0.5)
+    pad = max((hi - lo) * 0.15, hi * 0.02, 0.05)  # equal makespan and bound still get a visible band
     lo, hi = max(0.0, lo - pad), hi + pad
     left, right, top, bottom = 64, 16, 12, 30
     cw, ch = width - left - right, height - top - bottom

@@ -172,3 +172,10 @@ def test_overview_lists_sorts_filters_and_paginates(dash_app):
         assert "No cached plan matches" in none.text
         row = client.get(f"/dashboard/rows/{keys[6]}")
         assert row.status_code == 200 and row.text.startswith(f'<tr id="row-{keys[6]}"')
+
+
+def test_history_with_makespan_equal_to_bound_up_to_float_noise_terminates():
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    svg = views.history_svg([views.RevisionPoint(1, t0, 27.150000000000002, 27.15)])
+    assert svg.count("<circle") == 1
+    assert views._ticks(27.15, 27.150000000000002) == [27.15]
