@@ -14,9 +14,11 @@ from typing import NamedTuple
 from ..bounds import check_memory_feasible
 from ..contract import Plan, Problem
 from .classic import gpipe_orders, interleaved_schedule, one_f_one_b_orders, serialized_schedule
-from .common import DoesNotFit, NotApplicable, finalize, schedule_of
-from .greedy import greedy_plan
-from .offload import adaoffload_plan, pipeoffload_plan
+from ..simulator import Schedule
+from ..validator import InvalidPlanError
+from .common import DoesNotFit, NotApplicable, Outcome, evaluate, schedule_of
+from .greedy import greedy_outcome
+from .offload import adaoffload_outcome, pipeoffload_outcome
 from .zero_bubble import zb_h1_schedule, zb_h2_schedule, zb_v_schedule
 
 NAMES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "greedy", "pipeoffload",
@@ -26,37 +28,45 @@ __all__ = ["NAMES", "NotApplicable", "DoesNotFit", "BaselineResult", "run_baseli
            "compare"]
 
 
-def _gpipe(problem: Problem, key: str | None) -> Plan:
-    return finalize(problem, schedule_of(problem, gpipe_orders(problem)), "gpipe", key)
+def _gpipe(problem: Problem) -> Outcome:
+    return evaluate(problem, schedule_of(problem, gpipe_orders(problem)), "gpipe")
 
 
-def _one_f_one_b(problem: Problem, key: str | None) -> Plan:
-    return finalize(problem, schedule_of(problem, one_f_one_b_orders(problem)), "1f1b", key)
+def _one_f_one_b(problem: Problem) -> Outcome:
+    return evaluate(problem, schedule_of(problem, one_f_one_b_orders(problem)), "1f1b")
 
 
-def _interleaved(problem: Problem, key: str | None) -> Plan:
+def _interleaved(problem: Problem) -> Outcome:
     schedule, extra = interleaved_schedule(problem)
     label = "interleaved-1f1b" + (f" (+{extra} warm-up)" if extra else "")
-    return finalize(problem, schedule, label, key)
+    return evaluate(problem, schedule, label)
 
 
-def _fixed(name: str, build: Callable[[Problem], object]) -> Callable[[Problem, str | None], Plan]:
-    def run(problem: Problem, key: str | None) -> Plan:
-        return finalize(problem, build(problem), name, key)
+def _fixed(name: str, build: Callable[[Problem], Schedule]) -> Callable[[Problem], Outcome]:
+    def run(problem: Problem) -> Outcome:
+        return evaluate(problem, build(problem), name)
     return run
 
 
-_BUILDERS: dict[str, Callable[[Problem, str | None], Plan]] = {
+_BUILDERS: dict[str, Callable[[Problem], Outcome]] = {
     "gpipe": _gpipe,
     "1f1b": _one_f_one_b,
     "interleaved-1f1b": _interleaved,
     "zb-h1": _fixed("zb-h1", zb_h1_schedule),
     "zb-h2": _fixed("zb-h2", zb_h2_schedule),
     "zb-v": _fixed("zb-v", zb_v_schedule),
-    "greedy": greedy_plan,
-    "pipeoffload": pipeoffload_plan,
-    "adaoffload": adaoffload_plan,
+    "greedy": greedy_outcome,
+    "pipeoffload": pipeoffload_outcome,
+    "adaoffload": adaoffload_outcome,
 }
+
+
+def _outcome(problem: Problem, name: str) -> Outcome:
+    try:
+        build = _BUILDERS[name]
+    except KeyError:
+        raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(NAMES)}") from None
+    return build(problem)
 
 
 def run_baseline(problem: Problem, name: str, problem_key: str | None = None) -> Plan:
@@ -65,11 +75,7 @@ def run_baseline(problem: Problem, name: str, problem_key: str | None = None) ->
     Raises NotApplicable (placement/options rule it out), DoesNotFit (its schedule exceeds a memory
     limit; the message names the device, what it needs and its limit) or ValueError (unknown name).
     """
-    try:
-        build = _BUILDERS[name]
-    except KeyError:
-        raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(NAMES)}") from None
-    return build(problem, problem_key)
+    return _outcome(problem, name).plan(problem_key)
 
 
 class BaselineResult(NamedTuple):
@@ -100,14 +106,16 @@ def best_heuristic(problem: Problem, problem_key: str | None = None) -> Plan:
     """
     check_memory_feasible(problem)
     key = problem_key or problem.key()
-    best: Plan | None = None
+    found: list[Outcome] = []
     for name in NAMES:
         try:
-            plan = run_baseline(problem, name, key)
+            found.append(_outcome(problem, name))
         except (NotApplicable, DoesNotFit):
             continue
-        if best is None or plan.makespan_ms < best.makespan_ms - 1e-9:
-            best = plan
-    if best is None:
-        best = finalize(problem, serialized_schedule(problem), "serialized", key)
-    return best
+    found.sort(key=lambda o: o.makespan)
+    for outcome in found:
+        try:
+            return outcome.plan(key)
+        except InvalidPlanError:  # never expected; the next best still gives the caller a plan
+            continue
+    return evaluate(problem, serialized_schedule(problem), "serialized").plan(key)

@@ -8,6 +8,7 @@ core's job, so a baseline cannot emit a plan the validator would reject.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from ..contract import Plan, Problem
 from ..memory import peak_memory
@@ -95,15 +96,46 @@ def does_not_fit(problem: Problem, name: str, peaks: list[float]) -> DoesNotFit:
     return DoesNotFit(f"{name} does not fit the memory limits: " + "; ".join(parts), peaks)
 
 
-def finalize(problem: Problem, schedule: Schedule, method: str, problem_key: str | None = None,
-             timing: Timing | None = None) -> Plan:
-    """Time the schedule, refuse it if it breaks a memory limit, and return the validated plan."""
+@dataclass
+class Outcome:
+    """A timed schedule that fits: cheap to compare; `plan()` builds and validates plan v1 only for
+    the one a caller keeps (building and validating is most of the cost on large problems)."""
+
+    problem: Problem
+    schedule: Schedule
+    timing: Timing
+    method: str
+
+    @property
+    def makespan(self) -> float:
+        return self.timing.makespan
+
+    def plan(self, problem_key: str | None = None) -> Plan:
+        plan = build_plan(self.problem, self.schedule, self.timing, self.method, problem_key=problem_key)
+        return assert_valid(self.problem, plan, problem_key)
+
+
+def evaluate(problem: Problem, schedule: Schedule, method: str, timing: Timing | None = None) -> Outcome:
+    """Time the schedule and refuse it (DoesNotFit) if it breaks a memory limit."""
     timing = timing or simulate(problem, schedule)
     peaks = peaks_of(problem, schedule, timing)
     if over_limit(problem, peaks):
         raise does_not_fit(problem, method, peaks)
-    plan = build_plan(problem, schedule, timing, method, problem_key=problem_key)
-    return assert_valid(problem, plan, problem_key)
+    return Outcome(problem, schedule, timing, method)
+
+
+def better(a: Outcome | None, b: Outcome | None) -> Outcome | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return b if b.makespan < a.makespan - 1e-9 else a
+
+
+def finalize(problem: Problem, schedule: Schedule, method: str, problem_key: str | None = None,
+             timing: Timing | None = None) -> Plan:
+    """Time the schedule, refuse it if it breaks a memory limit, and return the validated plan."""
+    return evaluate(problem, schedule, method, timing).plan(problem_key)
 
 
 def schedule_of(problem: Problem, compute: list[list[Op]], treat: dict[tuple[int, int], str] | None = None,

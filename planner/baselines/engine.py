@@ -88,6 +88,7 @@ class _Engine:
         self.recompute_ready: dict[tuple[int, int], float] = {}
         self.trigger: dict[tuple[int, int], list[int]] = {}
         self.lead = [self._lead(k) for k in range(self.S)]
+        self.wake: set[int] = set()
 
     # -- helpers ---------------------------------------------------------------------------------
     def _bwd(self, k: int, i: int) -> Op:
@@ -194,6 +195,11 @@ class _Engine:
 
     # -- scheduling ------------------------------------------------------------------------------
     def _place(self, d: int, op: Op, start: float) -> float:
+        k = op.stage
+        if op.kind is Kind.F and k + 1 < self.S:
+            self.wake.add(self.dev_of[k + 1])
+        elif op.kind in (Kind.B, Kind.BW) and k > 0:
+            self.wake.add(self.dev_of[k - 1])
         end = start + duration(self.p, op)
         self.times[op] = (start, end)
         self.orders[d].compute.append(op)
@@ -234,6 +240,7 @@ class _Engine:
         restores it leads."""
         for k in self.trigger.pop((j, i), []):
             d = self.dev_of[k]
+            self.wake.add(d)
             ch = self.choice[(k, i)]
             if ch.offload:
                 self.pending_reload[d].append((Op(Kind.RELOAD, k, i), trig))
@@ -376,9 +383,11 @@ class _Engine:
             when, started = self._choose(d, t)
             if started:
                 heapq.heappush(heap, (self.lane_free[d], d))
-                for other in list(sleeping):
-                    sleeping.discard(other)
-                    heapq.heappush(heap, (max(t, self.lane_free[other]), other))
+                for other in self.wake:
+                    if other in sleeping:
+                        sleeping.discard(other)
+                        heapq.heappush(heap, (max(t, self.lane_free[other]), other))
+                self.wake.clear()
                 continue
             if all(self.nw[k] == self.M if self.split else self.nb[k] == self.M for k in self.stages_on[d]):
                 done_devices += 1

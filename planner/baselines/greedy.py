@@ -11,7 +11,7 @@ import math
 from ..contract import Plan, Problem
 from ..simulator import ScheduleError
 from .classic import serialized_schedule
-from .common import DoesNotFit, finalize
+from .common import DoesNotFit, Outcome, better, evaluate
 from .engine import EngineConfig, Treat, run_engine
 
 
@@ -64,36 +64,47 @@ def _variants(problem: Problem) -> list[tuple[str, EngineConfig]]:
     return out
 
 
-def greedy_plan(problem: Problem, problem_key: str | None = None, budget_runs: int | None = None) -> Plan:
-    """Fastest fitting variant of the memory-aware engine, else the serialized schedule."""
-    best: Plan | None = None
+def greedy_plan(problem: Problem, problem_key: str | None = None) -> Plan:
+    return greedy_outcome(problem).plan(problem_key)
+
+
+OPS_BUDGET = 60_000  # engine runs x ops: keeps greedy around a second at P=32, M=128
+
+
+def greedy_outcome(problem: Problem) -> Outcome:
+    """Fastest fitting variant of the memory-aware engine, else the serialized schedule.
+
+    Variants are tried most-promising first; on large problems only as many as OPS_BUDGET allows
+    (at least two, and always until one fits).
+    """
+    best: Outcome | None = None
     failures: list[DoesNotFit] = []
-    variants = _variants(problem)
     treats: list[tuple[str, Treat | None]] = [("", None)]
-    for mode in ("offload", "recompute"):
-        t = reducing_treat(problem, mode)
-        if t is not None:
-            treats.append((mode, t))
-    runs = 0
-    for treat_name, treat in treats:
-        for name, cfg in variants:
-            if budget_runs is not None and runs >= budget_runs and best is not None:
-                break
-            runs += 1
-            cfg.treat = treat
-            schedule = run_engine(problem, cfg)
-            if schedule is None:
-                continue
-            label = f"greedy({name}{', ' + treat_name if treat_name else ''})"
-            try:
-                plan = finalize(problem, schedule, label, problem_key)
-            except DoesNotFit as exc:
-                failures.append(exc)
-                continue
-            except ScheduleError:
-                continue
-            if best is None or plan.makespan_ms < best.makespan_ms - 1e-9:
-                best = plan
+    limited = any(math.isfinite(problem.limit_of(d)) for d in range(problem.num_devices))
+    if limited:
+        for mode in ("offload", "recompute"):
+            t = reducing_treat(problem, mode)
+            if t is not None:
+                treats.append((mode, t))
+    tries = [(treat_name, treat, name, cfg) for name, cfg in _variants(problem)
+             for treat_name, treat in treats]
+    tries.sort(key=lambda x: ("fill" in x[2], x[2].startswith("mem") is False and problem.chunks > 1))
+    ops = 3 * problem.num_stages * problem.num_microbatches
+    budget = max(2, OPS_BUDGET // max(1, ops))
+    for runs, (treat_name, treat, name, cfg) in enumerate(tries):
+        if runs >= budget and best is not None:
+            break
+        cfg = EngineConfig(**{**cfg.__dict__, "treat": treat})
+        schedule = run_engine(problem, cfg)
+        if schedule is None:
+            continue
+        label = f"greedy({name}{', ' + treat_name if treat_name else ''})"
+        try:
+            best = better(best, evaluate(problem, schedule, label))
+        except DoesNotFit as exc:
+            failures.append(exc)
+        except ScheduleError:
+            continue
     if best is not None:
         return best
-    return finalize(problem, serialized_schedule(problem), "greedy(serialized)", problem_key)
+    return evaluate(problem, serialized_schedule(problem), "greedy(serialized)")

@@ -15,11 +15,17 @@ from ..contract import Plan, Problem
 from ..ops import BACKWARD_KINDS, Kind, Op
 from ..simulator import ScheduleError, Timing, simulate
 from .classic import interleaved_schedule, one_f_one_b_orders
-from .common import TOL, DoesNotFit, NotApplicable, finalize, over_limit, peaks_of, schedule_of
+from .common import (TOL, DoesNotFit, NotApplicable, Outcome, better, evaluate, over_limit, peaks_of,
+                     schedule_of)
 from .zero_bubble import zb_h1_lean_schedule, zb_h2_schedule, zb_v_schedule
 
 Orders = list[list[Op]]
 MAX_ROUNDS = 12
+
+
+def _large(problem: Problem) -> bool:
+    """Above this size only the most promising bases are tried, to keep best_heuristic quick."""
+    return problem.num_stages * problem.num_microbatches > 2048
 
 
 def _compute(schedule) -> Orders:
@@ -119,24 +125,33 @@ def _label(base: str, treat: dict[tuple[int, int], str]) -> str:
 
 
 def adaoffload_plan(problem: Problem, problem_key: str | None = None) -> Plan:
+    return adaoffload_outcome(problem).plan(problem_key)
+
+
+def pipeoffload_plan(problem: Problem, problem_key: str | None = None) -> Plan:
+    return pipeoffload_outcome(problem).plan(problem_key)
+
+
+def adaoffload_outcome(problem: Problem) -> Outcome:
     """Dense schedule, then offload/recompute the longest-lived activations until every device fits."""
     opts = problem.options
     if not (opts.offload or opts.recompute):
         raise NotApplicable("adaoffload needs options.offload or options.recompute")
-    best: Plan | None = None
+    best: Outcome | None = None
     last_error: DoesNotFit | None = None
-    for base, orders in dense_bases(problem):
+    bases = dense_bases(problem)
+    if _large(problem):
+        bases = bases[:2]
+    for base, orders in bases:
         treat: dict[tuple[int, int], str] = {}
         for _ in range(MAX_ROUNDS):
             schedule = schedule_of(problem, orders, treat)
             timing = simulate(problem, schedule)
             peaks = peaks_of(problem, schedule, timing)
             if not over_limit(problem, peaks):
-                plan = finalize(problem, schedule, _label(base, treat), problem_key, timing)
-                if best is None or plan.makespan_ms < best.makespan_ms - 1e-9:
-                    best = plan
+                best = better(best, evaluate(problem, schedule, _label(base, treat), timing))
                 break
-            if best is not None and timing.makespan >= best.makespan_ms:
+            if best is not None and timing.makespan >= best.makespan:
                 break  # already slower than a plan that fits; more offload will not help
             if not _grow(problem, timing, schedule, treat, peaks):
                 last_error = DoesNotFit(f"adaoffload({base}) cannot fit: " + ", ".join(
@@ -148,16 +163,18 @@ def adaoffload_plan(problem: Problem, problem_key: str | None = None) -> Plan:
     return best
 
 
-def pipeoffload_plan(problem: Problem, problem_key: str | None = None) -> Plan:
+def pipeoffload_outcome(problem: Problem) -> Outcome:
     """PipeOffload-style: offload every activation whose stage is not the last of the pipeline
     (uniform), or only those that live longer than their round trip (selective), on 1F1B /
     interleaved 1F1B / ZB-H1; the fastest that fits wins."""
     if not problem.options.offload:
         raise NotApplicable("pipeoffload needs options.offload")
     s, m = problem.num_stages, problem.num_microbatches
-    best: Plan | None = None
+    best: Outcome | None = None
     last_error: DoesNotFit | None = None
     bases = [b for b in dense_bases(problem) if b[0] in ("1f1b", "interleaved-1f1b", "zb-h1", "zb-v")]
+    if _large(problem):
+        bases = bases[:1]
     for base, orders in bases:
         uniform = {(k, i): "offload" for k in range(s - 1) for i in range(m)
                    if problem.stages[k].offloadable_mib > 0}
@@ -168,13 +185,10 @@ def pipeoffload_plan(problem: Problem, problem_key: str | None = None) -> Plan:
                      + problem.stages[key[0]].reload_ms + TOL}
         for kind, treat in (("uniform", uniform), ("selective", selective)):
             try:
-                plan = finalize(problem, schedule_of(problem, orders, treat),
-                                f"pipeoffload({kind}, {base}, {len(treat)} offloads)", problem_key)
+                best = better(best, evaluate(problem, schedule_of(problem, orders, treat),
+                                             f"pipeoffload({kind}, {base}, {len(treat)} offloads)"))
             except DoesNotFit as exc:
                 last_error = exc
-                continue
-            if best is None or plan.makespan_ms < best.makespan_ms - 1e-9:
-                best = plan
     if best is None:
         raise last_error or NotApplicable("pipeoffload: no base schedule applies")
     return best
