@@ -62,28 +62,42 @@ def default_workers() -> int:
     return max(1, min(wanted, os.cpu_count() or 1))
 
 
-def _seed_plans(problem: Problem, key: str, hint: Plan | None, notes: list[str]) -> list[Plan]:
-    plans = []
-    try:
-        from ..baselines import best_heuristic
-    except ImportError:
-        best_heuristic = None
-        notes.append("planner.baselines missing: no heuristic seed")
-    if best_heuristic is not None:
-        try:
-            plans.append(best_heuristic(problem, problem_key=key))
-        except MemoryInfeasibleError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a heuristic bug must not stop the optimizer
-            log.exception("best_heuristic failed")
-            notes.append(f"best_heuristic failed: {exc}")
+# Cheapest baselines first, so the first plan streams within a fraction of a second.
+SEED_ORDER = ("1f1b", "zb-h1", "zb-h2", "interleaved-1f1b", "zb-v", "pipeoffload", "adaoffload", "gpipe",
+              "greedy")
+
+
+def _seed(problem: Problem, key: str, hint: Plan | None, inc: Incumbent, notes: list[str],
+          stop: threading.Event | None) -> None:
+    """Offer the hint and every baseline (planner.baselines) as it is built; the incumbent keeps the
+    best. Equivalent to best_heuristic, but the first fitting plan is out at once."""
     if hint is not None:
         h = _adapt_hint(problem, key, hint)
         if h is not None:
-            plans.append(h)
+            inc.offer(h)
         else:
             notes.append("hint plan does not fit this problem; ignored")
-    return plans
+    try:
+        from ..baselines import NAMES, best_heuristic, run_baseline
+    except ImportError:
+        notes.append("planner.baselines missing: no heuristic seed")
+        return
+    names = [n for n in SEED_ORDER if n in NAMES] + [n for n in NAMES if n not in SEED_ORDER]
+    for name in names:
+        if stop is not None and stop.is_set() and inc.plan is not None:
+            return
+        try:
+            inc.offer(run_baseline(problem, name, key))
+        except Exception:  # noqa: BLE001 - NotApplicable, DoesNotFit, or a heuristic's bug
+            continue
+    if inc.plan is None:
+        try:
+            inc.offer(best_heuristic(problem, problem_key=key))  # its serialized fallback always fits
+        except MemoryInfeasibleError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            log.exception("best_heuristic failed")
+            notes.append(f"best_heuristic failed: {exc}")
 
 
 def _adapt_hint(problem: Problem, key: str, hint: Plan) -> Plan | None:
@@ -113,9 +127,7 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
     workers = max(1, workers or default_workers())
     notes: list[str] = []
     inc = Incumbent(problem, key, on_improvement, started)
-    seeds = _seed_plans(problem, key, hint, notes)
-    for plan in sorted(seeds, key=lambda p: p.makespan_ms):
-        inc.offer(plan)
+    _seed(problem, key, hint, inc, notes, stop)
     seed_method = inc.plan.method if inc.plan else "none"
     lb = lower_bound(problem)
     scale = scale_for(problem)

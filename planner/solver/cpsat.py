@@ -27,6 +27,7 @@ class RunOutcome:
     bound_ticks: float | None  # the model's proven objective bound (ticks), when meaningful
     hint_ok: bool | None  # did the model accept the complete hint (checked only when asked)
     wall_s: float
+    solution: tuple | None = None  # (starts, choices) of the last solution, in ticks
 
 
 class _Callback(cp_model.CpSolverSolutionCallback):
@@ -87,10 +88,14 @@ def sum_of_work(problem: Problem, scale: Scale) -> int:
 def run(problem: Problem, inc: Incumbent, scale: Scale, seconds: float, stop: threading.Event | None,
         workers: int, seed: int = 0, deterministic: bool = False, options: ModelOptions = ModelOptions(),
         free: set | None = None, method: str = "cp-sat", check_hint: bool = False,
-        log_search: bool = False) -> RunOutcome:
-    """Build, hint, solve. `free` set: a large-neighbourhood step around the incumbent's ticks."""
+        log_search: bool = False, base: tuple | None = None) -> RunOutcome:
+    """Build, hint, solve. `free` set: a large-neighbourhood step around `base` (ticks; default:
+    the incumbent's)."""
     started = time.monotonic()
-    starts, choices, work = horizon_and_hint(problem, inc, scale)
+    if base is not None:
+        starts, choices, work = base[0], base[1], None
+    else:
+        starts, choices, work = horizon_and_hint(problem, inc, scale)
     if starts is not None:
         t0 = min(starts.values())
         starts = {op: s - t0 for op, s in starts.items()}
@@ -133,7 +138,10 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, seconds: float, stop: th
         bound = solver.best_objective_bound
         if scale.time_exact:
             inc.raise_bound(bound / scale.time_scale)
-    return RunOutcome(solver.status_name(status), bound, hint_ok, time.monotonic() - started)
+    solution = None
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        solution = built.read(solver.value, solver.boolean_value)
+    return RunOutcome(solver.status_name(status), bound, hint_ok, time.monotonic() - started, solution)
 
 
 def _horizon(problem: Problem, scale: Scale, starts, work) -> int:

@@ -44,6 +44,7 @@ class ModelOptions:
     fifo: bool = False  # every stage runs F, B and W in microbatch order (a restriction, no proof)
     offload: bool = True
     recompute: bool = True
+    compress: bool = False  # secondary objective: every start as early as possible (LNS only)
 
 
 class CpsatModel:
@@ -109,7 +110,11 @@ class CpsatModel:
         self.makespan = m.new_int_var(max(0, lower), horizon, "makespan")
         for (k, i), pv in self.v.items():
             m.add(self.makespan >= self._wend(k, pv))
-        m.minimize(self.makespan)
+        if options.compress:
+            starts = [pv.b for pv in self.v.values()] + ([pv.w for pv in self.v.values()] if self.split else [])
+            m.minimize(self.makespan * (len(starts) * horizon + 1) + sum(starts))
+        else:
+            m.minimize(self.makespan)
 
     # -- construction ------------------------------------------------------------------------------
     def _wend(self, k: int, pv: PairVars):
