@@ -1,0 +1,154 @@
+"""Baselines: hand-computed makespans, DESIGN.md section 4 figures, applicability and memory errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from core_schedules import make_problem
+from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, compare, run_baseline
+from planner.bounds import MemoryInfeasibleError, lower_bound, min_memory
+from planner.contract import Problem
+from planner.validator import validate_plan
+
+
+def reference_case(p: int, m: int, het: bool, chunks: int = 1, limit: float | None = None,
+                   offload_ms: float | None = None, **options) -> Problem:
+    """DESIGN.md section 4: activation held from F until W, limits in activations per device; V
+    cases use half-cost (and half-size) chunks with stage k and 2P-1-k on one device."""
+    f, b, w, link = (1.0, 1.2, 0.8, 0.05) if het else (1.0, 1.0, 1.0, 0.0)
+    c = 1.0 / chunks
+    stages = []
+    for k in range(p * chunks):
+        lap, r = divmod(k, p)
+        stages.append({"device": p - 1 - r if lap % 2 else r, "forward_ms": f * c,
+                       "backward_input_ms": b * c, "backward_weight_ms": w * c,
+                       "activation_mib": c, "weight_grad_mib": c})
+        if offload_ms is not None:
+            stages[-1]["offload_ms"] = offload_ms * c
+    return Problem.model_validate({
+        "num_devices": p, "num_microbatches": m, "p2p_ms": link, "options": options,
+        "stages": stages, "devices": [{"memory_limit_mib": limit}] * p})
+
+
+# (case, 1F1B, ZB-H1, ZB auto @1p, ZB-V @1p) from DESIGN.md section 4
+REFERENCE = [
+    ((4, 8, False), 33, 27, 27, 25.5),
+    ((8, 32, False), 117, 103, 103, 99.5),
+    ((16, 64, False), 237, 207, 207, 199.5),
+    ((8, 32, True), 120.4, 109.2, 107.2, 101.95),
+    ((16, 64, True), 244.4, 220.4, 216, 204.9),
+]
+
+
+@pytest.mark.parametrize("case, f1b, h1, auto, zbv", REFERENCE)
+def test_reference_1f1b_and_zb_h1(case, f1b, h1, auto, zbv):
+    p, m, het = case
+    problem = reference_case(p, m, het)
+    tol = 0.01 if het else 1e-9
+    assert run_baseline(problem, "1f1b").makespan_ms == pytest.approx(f1b, rel=tol)
+    assert run_baseline(problem, "zb-h1").makespan_ms == pytest.approx(h1, rel=tol)
+    # at 1F1B's memory (P activations) the heuristics reach the ZB automatic scheduler's figure
+    at_1p = reference_case(p, m, het, limit=float(p))
+    best = best_heuristic(at_1p)
+    assert best.makespan_ms <= auto * 1.001
+    assert max(best.peak_memory_mib) <= p
+
+
+@pytest.mark.parametrize("case, f1b, h1, auto, zbv", REFERENCE[:2])
+def test_reference_zb_v_uniform(case, f1b, h1, auto, zbv):
+    p, m, het = case
+    plan = run_baseline(reference_case(p, m, het, chunks=2, limit=float(p)), "zb-v")
+    assert plan.makespan_ms == pytest.approx(zbv)
+
+
+@pytest.mark.parametrize("p, m", [(1, 1), (2, 3), (4, 8), (5, 7)])
+def test_hand_computed_makespans(p, m):
+    fused = make_problem(p=p, m=m, split=False, f=1.0, b=1.5, w=0.5)
+    for name in ("1f1b", "gpipe"):
+        assert run_baseline(fused, name).makespan_ms == pytest.approx((m + p - 1) * 3.0)
+    uni = make_problem(p=p, m=m, split=True)
+    assert run_baseline(uni, "zb-h1").makespan_ms == pytest.approx((p - 1) + 3 * m)
+    assert run_baseline(uni, "1f1b").makespan_ms == pytest.approx((m + p - 1) * 3.0)
+
+
+def test_one_f_one_b_peak_is_the_warm_up():
+    plan = run_baseline(make_problem(p=4, m=8, split=False), "1f1b")
+    assert plan.peak_memory_mib == [400.0, 300.0, 200.0, 100.0]
+    assert plan.method == "1f1b"
+
+
+def test_not_applicable_reasons():
+    one_chunk = make_problem(p=2, m=2, split=False)
+    for name, words in [("interleaved-1f1b", "2 stages per device"), ("zb-v", "split_backward|V placement"),
+                        ("zb-h1", "split_backward"), ("pipeoffload", "options.offload"),
+                        ("adaoffload", "offload")]:
+        with pytest.raises(NotApplicable, match=words):
+            run_baseline(one_chunk, name)
+    with pytest.raises(NotApplicable, match="one stage per device"):
+        run_baseline(make_problem(p=2, m=2, chunks=2), "1f1b")
+    with pytest.raises(ValueError, match="unknown baseline"):
+        run_baseline(one_chunk, "nope")
+
+
+def test_does_not_fit_names_device_and_memory():
+    problem = make_problem(p=4, m=8, split=False, limit=250.0)
+    with pytest.raises(DoesNotFit) as err:
+        run_baseline(problem, "1f1b")
+    assert "device 0 would need 400.0 MiB but its limit is 250.0 MiB" in str(err.value)
+    assert err.value.needed_mib == [400.0, 300.0, 200.0, 100.0]
+    plan = best_heuristic(problem)  # greedy still fits
+    assert max(plan.peak_memory_mib) <= 250.0 and validate_plan(problem, plan) == []
+
+
+def test_interleaved_and_v_placements():
+    loop = make_problem(p=4, m=8, chunks=2, split=False)
+    plan = run_baseline(loop, "interleaved-1f1b")
+    # Megatron's figure: (M + (P-1)/v) x per-microbatch device time, vs (M + P - 1) x it for 1F1B
+    assert plan.makespan_ms == pytest.approx((8 + 3 / 2) * 6.0)
+    assert max(plan.peak_memory_mib) <= 2 * 4 * 100.0 * 1.5
+    odd = make_problem(p=3, m=5, chunks=2)  # groups of P that do not divide M
+    assert validate_plan(odd, run_baseline(odd, "interleaved-1f1b")) == []
+    v = make_problem(p=4, m=8, chunks=2, placement="v")
+    assert validate_plan(v, run_baseline(v, "zb-v")) == []
+
+
+def test_offload_baselines_fit_half_of_one_f_one_b():
+    """Half of 1F1B's peak with a fast host link: offload keeps the pipeline nearly dense."""
+    problem = reference_case(8, 32, False, limit=4.0, offload_ms=0.5, offload=True)
+    for name in ("greedy", "adaoffload", "pipeoffload"):
+        plan = run_baseline(problem, name)
+        assert max(plan.peak_memory_mib) <= 4.0 + 1e-9
+        assert validate_plan(problem, plan) == []
+    best = best_heuristic(problem)
+    assert best.makespan_ms <= 117.0  # at least as fast as 1F1B with twice the memory
+    assert "offload" in best.method
+
+
+def test_adaoffload_reports_its_offloads():
+    problem = reference_case(4, 8, False, limit=3.0, offload_ms=0.25, offload=True)
+    plan = run_baseline(problem, "adaoffload")
+    assert plan.method.startswith("adaoffload(") and "offloads" in plan.method
+    assert max(plan.peak_memory_mib) <= 3.0 + 1e-9
+
+
+def test_best_heuristic_infeasible_and_at_min_memory():
+    problem = make_problem(p=3, m=4, chunks=2, placement="v", offload=True, recompute=True)
+    need = min_memory(problem)
+    tight = Problem.model_validate({**problem.model_dump(), "devices": [
+        {"memory_limit_mib": n, "static_mib": 0.0} for n in need]})
+    plan = best_heuristic(tight)
+    assert validate_plan(tight, plan) == []
+    short = Problem.model_validate({**problem.model_dump(), "devices": [
+        {"memory_limit_mib": n - 1.0, "static_mib": 0.0} for n in need]})
+    with pytest.raises(MemoryInfeasibleError):
+        best_heuristic(short)
+
+
+def test_compare_lists_every_name():
+    problem = make_problem(p=2, m=4)
+    rows = compare(problem)
+    assert [r.name for r in rows] == NAMES
+    for row in rows:
+        assert (row.plan is None) != (row.reason is None)
+        if row.plan:
+            assert row.plan.makespan_ms >= lower_bound(problem) - 1e-9

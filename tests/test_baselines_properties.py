@@ -1,0 +1,82 @@
+"""Property test: on random valid small problems every baseline yields a valid plan or a reason, and
+best_heuristic always answers for a feasible budget and refuses an infeasible one."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
+from planner.bounds import MemoryInfeasibleError, min_memory
+from planner.contract import Problem
+from planner.validator import validate_plan
+
+costs = st.floats(min_value=0.1, max_value=3.0, allow_nan=False)
+
+
+@st.composite
+def problems(draw) -> Problem:
+    p = draw(st.integers(1, 5))
+    m = draw(st.integers(1, 10))
+    chunks = draw(st.sampled_from([1, 2]))
+    placement = draw(st.sampled_from(["loop", "v"]))
+    offload = draw(st.booleans())
+    recompute = draw(st.booleans())
+    stages = []
+    for k in range(p * chunks):
+        lap, r = divmod(k, p)
+        act = draw(st.floats(min_value=1.0, max_value=100.0))
+        stage = {"device": p - 1 - r if placement == "v" and lap % 2 else r,
+                 "forward_ms": draw(costs), "backward_input_ms": draw(costs),
+                 "backward_weight_ms": draw(st.floats(min_value=0.0, max_value=3.0)),
+                 "activation_mib": act,
+                 "weight_grad_mib": act * draw(st.floats(0.0, 1.0))}
+        if offload:
+            stage["offload_ms"] = draw(st.floats(min_value=0.05, max_value=4.0))
+            stage["offloadable_mib"] = act * draw(st.floats(0.3, 1.0))
+        if recompute:
+            stage["checkpoint_mib"] = act * draw(st.floats(0.0, 0.5))
+        stages.append(stage)
+    doc = {"num_devices": p, "num_microbatches": m, "p2p_ms": draw(st.sampled_from([0.0, 0.05, 0.5])),
+           "options": {"split_backward": draw(st.booleans()), "offload": offload, "recompute": recompute},
+           "stages": stages,
+           "devices": [{"memory_limit_mib": None, "static_mib": draw(st.sampled_from([0.0, 50.0]))}
+                       for _ in range(p)]}
+    problem = Problem.model_validate(doc)
+    # memory limits between min_memory and unlimited (or just below min_memory, to test refusal)
+    need = min_memory(problem)
+    slack = draw(st.sampled_from([None, 0.0, 0.25, 1.0, 3.0, -0.1]))
+    for d, dev in enumerate(doc["devices"]):
+        act = max(s["activation_mib"] for s in stages)
+        dev["memory_limit_mib"] = None if slack is None else need[d] + slack * act
+    return Problem.model_validate(doc)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_every_baseline_is_valid_or_explains(problem: Problem):
+    key = problem.key()
+    feasible = all(n <= problem.limit_of(d) + 1e-9 for d, n in enumerate(min_memory(problem)))
+    for name in NAMES:
+        try:
+            plan = run_baseline(problem, name, key)
+        except NotApplicable as exc:
+            assert exc.reason
+            continue
+        except DoesNotFit as exc:
+            assert "device" in str(exc) and len(exc.needed_mib) in (0, problem.num_devices)
+            continue
+        assert validate_plan(problem, plan, key) == [], name
+        assert plan.method
+    if feasible:
+        plan = best_heuristic(problem, key)
+        assert validate_plan(problem, plan, key) == []
+        greedy = run_baseline(problem, "greedy", key)  # greedy alone also always answers
+        assert validate_plan(problem, greedy, key) == []
+    else:
+        try:
+            best_heuristic(problem, key)
+        except MemoryInfeasibleError as exc:
+            assert exc.needed_mib == min_memory(problem)
+        else:
+            raise AssertionError("best_heuristic answered an infeasible budget")
