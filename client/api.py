@@ -11,6 +11,7 @@ from __future__ import annotations
 import email.utils
 import json
 import logging
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
-from tenacity.wait import wait_exponential_jitter
+from tenacity.wait import wait_random_exponential
 
 from planner.contract import Plan, Problem
 
@@ -47,10 +48,10 @@ class Submission:
 
 
 class _RetryAfterOrBackoff:
-    """tenacity wait: the server's Retry-After when it gave one (capped), else jittered backoff."""
+    """tenacity wait: the server's Retry-After when it gave one (capped), else full-jitter backoff."""
 
     def __init__(self, initial: float, maximum: float):
-        self.backoff = wait_exponential_jitter(initial=initial, max=maximum)
+        self.backoff = wait_random_exponential(multiplier=initial, max=maximum)
         self.maximum = maximum
 
     def __call__(self, state: RetryCallState) -> float:
@@ -227,6 +228,8 @@ class PlanClient:
                poll_interval_s: float = 1.0, use_sse: bool = True) -> Iterator[Plan]:
         """Yield each plan of `key` newer than `after_revision`, as it is stored, until `stop` is set.
 
+        Setting `stop` (or `close()`) ends a waiting stream within a fraction of a second.
+
         Server-sent events first: reconnects after a dropped stream and resumes with `Last-Event-ID`,
         so no revision is missed and none repeats. When the service does not offer events (or httpx-sse
         is not installed) it polls with `If-None-Match` instead. Outages are waited out with backoff;
@@ -265,6 +268,36 @@ class PlanClient:
                 stop.wait(delay)
 
     def _sse_once(self, key: str, last: int, stop: threading.Event) -> Iterator[Plan]:
+        """One event-stream connection. A reader thread does the blocking reads (they return only at
+        the next event or 15 s ping), so this generator can honour `stop` within 0.2 s."""
+        items: queue.Queue = queue.Queue()
+        done = threading.Event()
+
+        def reader() -> None:
+            try:
+                for plan in self._sse_stream(key, last, done):
+                    items.put(("plan", plan))
+                items.put(("end", None))
+            except BaseException as exc:  # handed to the consuming thread
+                items.put(("error", exc))
+
+        threading.Thread(target=reader, name=f"pipeplan-sse-{key[:8]}", daemon=True).start()
+        try:
+            while not (stop.is_set() or self._closed.is_set()):
+                try:
+                    what, value = items.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                if what == "plan":
+                    yield value
+                elif what == "end":
+                    return
+                else:
+                    raise value
+        finally:
+            done.set()
+
+    def _sse_stream(self, key: str, last: int, done: threading.Event) -> Iterator[Plan]:
         try:
             from httpx_sse import EventSource, SSEError
         except ImportError as exc:  # optional: polling works without it
@@ -290,19 +323,17 @@ class PlanClient:
                     raise PlanRequestError(response.status_code, reasons_of(_body(response)), _body(response))
                 try:
                     for event in EventSource(response).iter_sse():
-                        if stop.is_set():
+                        if done.is_set():
                             return
                         plan = self._plan_of_event(key, event.event, event.data)
                         if plan is not None:
                             yield plan
                 except SSEError as exc:
                     raise _NoEventStream(str(exc)) from exc
-        except httpx.TransportError as exc:
-            raise ServiceUnavailable(f"events stream: {type(exc).__name__}: {exc}") from exc
-        except RuntimeError as exc:  # client closed while streaming
-            if self._closed.is_set():
+        except (httpx.TransportError, httpx.StreamError, RuntimeError) as exc:
+            if done.is_set() or self._closed.is_set():  # nobody is listening any more
                 return
-            raise ServiceUnavailable(f"events stream: {exc}") from exc
+            raise ServiceUnavailable(f"events stream: {type(exc).__name__}: {exc}") from exc
 
     def _plan_of_event(self, key: str, event: str, data: str) -> Plan | None:
         """An event carries the plan itself or a summary naming its revision (then it is fetched)."""
@@ -332,4 +363,4 @@ class _NoEventStream(Exception):
 def _is_unknown_key(response: httpx.Response) -> bool:
     """A 404 about the key (not about a missing route): FastAPI's route 404 says 'Not Found'."""
     body = _body(response)
-    return not (isinstance(body, dict) and body.get("detail") == "Not Found")
+    return not (isinstance(body, dict) and "Not Found" in (body.get("detail"), body.get("message")))

@@ -65,6 +65,7 @@ def reasons_of(body: Any) -> list[str]:
         if field in body:
             out += reasons_of(body[field])
             break
-    if "needed_mib" in body:
-        out.append(f"needed_mib: {body['needed_mib']}")
+    for extra in ("needed_mib", "min_memory_mib", "memory_limit_mib"):
+        if extra in body:
+            out.append(f"{extra}: {body[extra]}")
     return out or [str(body)]

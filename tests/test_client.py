@@ -1,0 +1,217 @@
+"""The training-job client against a real `pipeplan serve` (embedded: SQLite + in-process worker).
+
+Each test talks HTTP to a service subprocess on a free port; nothing of ours is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from client import (OnlinePlan, PlanClient, PlanNotFound, PlanRequestError, PlanStore, ServiceUnavailable,
+                    WaitTimeout)
+from core_schedules import make_problem
+from planner.validator import assert_valid
+
+pytest.importorskip("fastapi", reason="the service needs the server extra: pip install -e '.[server]'")
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Service:
+    """`pipeplan serve` in embedded mode as a subprocess, restartable on the same port and database."""
+
+    def __init__(self, data_dir: Path, port: int | None = None):
+        self.data_dir, self.port = data_dir, port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Service:
+        env = {**os.environ, "PIPEPLAN_DATA_DIR": str(self.data_dir), "PIPEPLAN_SOLVER_WORKERS": "1",
+               "PIPEPLAN_DEFAULT_TIME_BUDGET_S": "2", "PIPEPLAN_EMBEDDED_WORKERS": "1"}
+        for name in ("PIPEPLAN_DATABASE_URL", "PIPEPLAN_REDIS_URL", "PIPEPLAN_API_KEYS"):
+            env.pop(name, None)
+        self.log = open(self.data_dir / f"serve-{self.port}.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from pipeplan.cli import main; main()", "serve", "--port", str(self.port), "--log-level", "warning"],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"pipeplan serve exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"pipeplan serve did not answer within 60 s; see {self.log.name}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    svc = Service(tmp_path_factory.mktemp("serve")).start()
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture
+def problem():
+    return make_problem(p=4, m=8, p2p=0.1)
+
+
+def test_submit_get_etag_and_wait(service, problem):
+    with PlanClient(service.url) as client:
+        submission = client.submit(problem, time_budget_s=2)
+        assert submission.key == problem.key()
+        assert_valid(problem, submission.plan)
+        plan, etag = client.get_with_etag(submission.key)
+        assert plan.revision >= submission.revision and etag
+        assert client.get(submission.key, etag=etag) is None  # 304: nothing newer
+        refined = client.wait(submission.key, min_revision=2, timeout=60)
+        assert refined.revision >= 2
+        assert_valid(problem, refined)
+        assert refined.makespan_ms <= submission.plan.makespan_ms + 1e-9
+        # the export the runtime loads is served for the same key
+        assert client.torch_csv(submission.key).splitlines()[0].startswith("0F0")
+
+
+def test_follow_resumes_after_a_revision_over_sse_and_by_polling(service, problem):
+    with PlanClient(service.url) as client:
+        key = client.submit(problem, time_budget_s=2).key
+        best = client.wait(key, min_revision=2, timeout=60)
+        for use_sse in (True, False):
+            stop = threading.Event()
+            seen = []
+            for plan in client.follow(key, after_revision=1, stop=stop, use_sse=use_sse, poll_interval_s=0.2):
+                seen.append(plan.revision)
+                if plan.revision >= best.revision:
+                    break
+            assert seen and seen[0] >= 2 and seen == sorted(set(seen)), (use_sse, seen)
+
+
+def test_follow_stops_promptly_when_asked(service, problem):
+    with PlanClient(service.url) as client:
+        key = client.submit(problem).key
+        latest = client.get(key).revision
+        stop = threading.Event()
+        threading.Timer(0.5, stop.set).start()
+        started = time.monotonic()
+        later = [p.revision for p in client.follow(key, after_revision=latest, stop=stop)]
+        assert time.monotonic() - started < 5
+        assert all(r > latest for r in later)
+
+
+def test_errors_carry_the_servers_reason(service, problem):
+    with PlanClient(service.url) as client:
+        with pytest.raises(PlanNotFound) as missing:
+            client.get("0" * 64)
+        assert missing.value.status == 404
+        bad = problem.model_dump(mode="json")
+        bad["stages"][0]["forward_ms"] = -1
+        with pytest.raises(PlanRequestError) as invalid:
+            client.submit(bad)
+        assert invalid.value.status == 422
+        assert any("forward_ms" in r for r in invalid.value.reasons), invalid.value.reasons
+        tight = problem.model_dump(mode="json")
+        for device in tight["devices"]:
+            device["memory_limit_mib"] = 50.0
+        with pytest.raises(PlanRequestError) as infeasible:
+            client.submit(tight)
+        assert infeasible.value.status == 422
+        assert "min_memory_mib" in " ".join(infeasible.value.reasons), infeasible.value.reasons
+        assert infeasible.value.body["min_memory_mib"][0] > 50.0
+        with pytest.raises(WaitTimeout):
+            client.wait(client.submit(problem).key, min_revision=10_000, timeout=0.5)
+
+
+def test_unreachable_service_is_unavailable_after_retries(problem):
+    client = PlanClient(f"http://127.0.0.1:{free_port()}", retries=2, backoff_s=0.01, max_backoff_s=0.02)
+    started = time.monotonic()
+    with pytest.raises(ServiceUnavailable):
+        client.get(problem.key())
+    assert time.monotonic() - started < 5
+    assert not client.health()
+
+
+def test_online_plan_swaps_at_boundaries_and_restarts_from_disk(service, problem, tmp_path):
+    store = PlanStore(tmp_path / "plans")
+    with OnlinePlan(PlanClient(service.url), problem, time_budget_s=2, store=store, poll_interval_s=0.2) as online:
+        first = online.current()
+        assert first is not None and first.problem_key == problem.key()
+        newer = online.wait_newer(first.revision, timeout=60) if first.revision < 2 else first
+        assert newer is not None
+        swapped = online.poll_swap()
+        assert (swapped is None) == (first.revision >= 2)
+        assert online.current().revision >= 2
+        assert online.poll_swap() is None  # nothing newer: no swap
+    cached = store.load(problem.key())
+    assert cached is not None and cached.revision >= 2
+
+    # a restarted job with the service gone starts from the disk copy, without blocking
+    dead = PlanClient(f"http://127.0.0.1:{free_port()}", retries=0, timeout_s=1)
+    with OnlinePlan(dead, problem, store=store, retry_s=0.1) as offline:
+        assert offline.current().revision == cached.revision
+        assert offline.last_error
+    # nothing on disk and no service: the fallback plan, or a clear error without one
+    empty = PlanStore(tmp_path / "empty")
+    from core_schedules import one_f_one_b, plan_of
+
+    fallback_plan = plan_of(problem, one_f_one_b(problem), method="fallback-1f1b")
+    dead = PlanClient(f"http://127.0.0.1:{free_port()}", retries=0, timeout_s=1)
+    with OnlinePlan(dead, problem, store=empty, fallback=lambda p: fallback_plan, retry_s=0.1) as fallback:
+        assert fallback.current().method == "fallback-1f1b"
+    with pytest.raises(ServiceUnavailable, match="no plan"):
+        OnlinePlan(PlanClient(f"http://127.0.0.1:{free_port()}", retries=0), problem, store=empty)
+
+
+def test_online_plan_recovers_when_the_service_comes_back(problem, tmp_path):
+    """Start with no service (fallback plan), then the service appears: the follower submits and the
+    refined revision arrives; stopping the service again leaves current() working."""
+    from core_schedules import one_f_one_b, plan_of
+
+    svc = Service(tmp_path)
+    fallback_plan = plan_of(problem, one_f_one_b(problem), method="fallback-1f1b")
+    client = PlanClient(svc.url, retries=0, timeout_s=2)
+    with OnlinePlan(client, problem, time_budget_s=2, store=tmp_path / "plans", fallback=lambda p: fallback_plan,
+                    retry_s=0.2, poll_interval_s=0.2) as online:
+        assert online.current().method == "fallback-1f1b"
+        svc.start()
+        try:
+            arrived = online.wait_newer(1, timeout=60)
+            assert arrived is not None and arrived.revision >= 2, online.last_error
+            assert online.poll_swap().revision == arrived.revision
+        finally:
+            svc.stop()
+        time.sleep(0.5)
+        started = time.monotonic()
+        assert online.current().revision == arrived.revision
+        assert online.poll_swap() is None
+        assert time.monotonic() - started < 0.1
