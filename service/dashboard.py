@@ -226,11 +226,13 @@ def _load_plan(repo, key: str) -> tuple[Problem, Plan]:
     return problem, plan
 
 
-def _live_ctx(request: Request, repo, key: str, problem: Problem, plan: Plan) -> dict[str, Any]:
+def _live_ctx(request: Request, repo, key: str, problem: Problem, plan: Plan,
+              compute_baselines: bool = True) -> dict[str, Any]:
     charts = RENDERS.charts(key, problem, plan)
     revisions = repo.revisions(key)
     job = repo.job(key)
-    one = BASELINES.one_f_one_b_of(key, problem)
+    one = (BASELINES.one_f_one_b_of(key, problem) if compute_baselines
+           else BASELINES.one_f_one_b.get(key) or data.OneF1B(None, "…", "computing 1F1B…"))
     now = datetime.now(timezone.utc)
     peak = max(plan.peak_memory_mib, default=0.0)
     limits = [problem.limit_of(d) for d in range(problem.num_devices)]
@@ -278,7 +280,8 @@ def _baseline_rows(key: str, problem: Problem, plan: Plan) -> tuple[list[dict[st
     for e in entries:
         ms = e["makespan_ms"]
         out.append({
-            "name": e["name"], "this": e["this"], "reason": e["reason"],
+            "name": e["name"], "this": e["this"], "reason": views.short_reason(e["reason"]),
+            "reason_full": e["reason"],
             "makespan": views.fmt_ms(ms) if ms is not None else None,
             "bar": 100.0 * ms / longest if ms else 0.0,
             "ratio": ("—" if e["this"] else f"{ms / plan.makespan_ms:.2f}× longer" if ms > plan.makespan_ms * 1.0005
@@ -293,12 +296,24 @@ def _baseline_rows(key: str, problem: Problem, plan: Plan) -> tuple[list[dict[st
 def plan_page(request: Request, key: str) -> HTMLResponse:
     repo = _repo(request)
     problem, plan = _load_plan(repo, key)
-    baselines, note = _baseline_rows(key, problem, plan)
+    # Baselines take seconds on a 10k-op problem the first time: then the page comes first and
+    # fetches the table (and the 1F1B figure) right after; later views have both cached.
+    pending = not BASELINES.tables.contains(key)
+    baselines, note = ([], "") if pending else _baseline_rows(key, problem, plan)
     return templates.TemplateResponse(request, "dashboard/plan.html", _ctx(
         request, summary=views.config_summary(problem), baselines=baselines, baselines_note=note,
-        chrome_trace_href=f"/v1/plans/{key}/export/chrome-trace.json",
-        **_live_ctx(request, repo, key, problem, plan),
+        baselines_pending=pending, chrome_trace_href=f"/v1/plans/{key}/export/chrome-trace.json",
+        **_live_ctx(request, repo, key, problem, plan, compute_baselines=not pending),
     ))
+
+
+@router.get("/plans/{key}/baselines", response_class=HTMLResponse, dependencies=gated)
+def plan_baselines(request: Request, key: str) -> HTMLResponse:
+    """The baselines table (planner.baselines.compare on the key's problem), computed once per key."""
+    problem, plan = _load_plan(_repo(request), key)
+    baselines, note = _baseline_rows(key, problem, plan)
+    return templates.TemplateResponse(request, "dashboard/_baselines.html",
+                                      _ctx(request, baselines=baselines, baselines_note=note))
 
 
 @router.get("/plans/{key}/live", response_class=HTMLResponse, dependencies=gated)
@@ -318,11 +333,13 @@ def _snapshot(repo, key: str) -> tuple[int | None, str | None]:
 
 
 @router.get("/events", response_class=EventSourceResponse, dependencies=gated)
-async def events(request: Request, key: str | None = Query(None, max_length=64)):
+async def events(request: Request, key: str | None = Query(None, max_length=64),
+                 rev: int | None = Query(None, ge=0), state: str | None = Query(None, max_length=20)):
     """Revision and job-state events for one key, or for every key (the overview).
 
-    Messages come from the service's event hub; a per-key stream also re-reads the database every
-    few seconds, because pub/sub may drop a message and a missed state change must still show.
+    Messages come from the service's event hub; a per-key stream also re-reads the database at once
+    (against the `rev`/`state` the page was rendered with) and then every few seconds, because
+    pub/sub may drop a message and a change that landed while the page loaded must still show.
     """
     repo = _repo(request)
     hub = _hub(request)
@@ -330,8 +347,10 @@ async def events(request: Request, key: str | None = Query(None, max_length=64))
     keepalive_s = float(getattr(settings, "sse_keepalive_s", KEEPALIVE_S))
     recheck_s = float(getattr(settings, "sse_poll_s", RECHECK_S))
     yield ServerSentEvent(comment="connected", retry=2000)
-    last = await run_in_threadpool(_snapshot, repo, key) if key else None
-    next_check = time.monotonic() + recheck_s
+    # What the page shows (rev, state): anything newer that landed while it loaded is sent at once.
+    last = (rev, state or None) if key and rev is not None else (
+        await run_in_threadpool(_snapshot, repo, key) if key else None)
+    next_check = time.monotonic()
     quiet_since = time.monotonic()
     with _subscribe(hub, key or "*") as sub:
         while True:

@@ -8,6 +8,7 @@ router only fetches data. SVGs are built as joined strings, not through a templa
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -126,6 +127,20 @@ def config_summary(problem: Problem) -> dict[str, str | int]:
         "options": ", ".join(freedoms) or "none",
         "model": str(model.get("name", "")) if isinstance(model, dict) else (str(model) if model else ""),
     }
+
+
+_NEEDS = re.compile(r"need[s]?\D{0,20}?([0-9][0-9.]*)\s*MiB", re.IGNORECASE)
+_LIMIT = re.compile(r"limit\D{0,10}?([0-9][0-9.]*)\s*MiB", re.IGNORECASE)
+
+
+def short_reason(reason: str, width: int = 90) -> str:
+    """One line for a baseline that has no plan: 'does not fit: needs 13.8 GiB, limit 10.3 GiB'."""
+    needs = [float(x) for x in _NEEDS.findall(reason)]
+    limits = [float(x) for x in _LIMIT.findall(reason)]
+    if needs and ("fit" in reason.lower() or "memory" in reason.lower()):
+        text = f"does not fit: needs up to {fmt_mib(max(needs))}"
+        return text + (f", limit {fmt_mib(min(limits))}" if limits else "")
+    return reason if len(reason) <= width else reason[: width - 1].rstrip() + "…"
 
 
 def speedup_over(baseline_ms: float | None, makespan_ms: float) -> float | None:

@@ -13,14 +13,14 @@ from planner.validator import assert_valid
 
 
 def make_problem(devices: int = 4, microbatches: int = 8, offload: bool = False,
-                 limit_mib: float | None = 20000.0) -> Problem:
+                 limit_mib: float | None = 20000.0, static_mib: float = 8000.0) -> Problem:
     stages = [Stage(device=d, forward_ms=1.0, backward_input_ms=1.2, backward_weight_ms=0.8,
                     offload_ms=0.6 if offload else None, activation_mib=512.0, weight_grad_mib=128.0)
               for d in range(devices)]
     return Problem(num_devices=devices, num_microbatches=microbatches, p2p_ms=0.05,
                    options=Options(split_backward=True, offload=offload),
                    stages=stages,
-                   devices=[Device(memory_limit_mib=limit_mib, static_mib=8000.0) for _ in range(devices)])
+                   devices=[Device(memory_limit_mib=limit_mib, static_mib=static_mib) for _ in range(devices)])
 
 
 def gpipe_plan(problem: Problem, offload_every: int = 0, one_f_one_b: bool = False) -> Plan:
@@ -79,3 +79,23 @@ def slow_plan(problem: Problem) -> Plan:
     plan = build_plan(problem, schedule, simulate(problem, schedule), method="slow seed (test fixture)")
     assert_valid(problem, plan)
     return plan
+
+
+def dashboard_app(url: str):
+    """A FastAPI app with only the dashboard router over a real Repository (schema migrated by the
+    service's Alembic scripts): the pages without the API, queue or workers around them."""
+    from fastapi import FastAPI
+
+    from service import dashboard
+    from service.db import make_engine
+    from service.events import Hub
+    from service.repository import Repository
+    from service.schema import upgrade
+
+    engine = make_engine(url)
+    upgrade(engine)
+    app = FastAPI()
+    app.state.repo = Repository(engine)
+    app.state.hub = Hub()
+    app.include_router(dashboard.router)
+    return app, app.state.repo, engine

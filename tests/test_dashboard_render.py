@@ -9,10 +9,9 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from dashboard_fixtures import gpipe_plan, make_problem, op_count
+from dashboard_fixtures import dashboard_app, gpipe_plan, make_problem, op_count
 from service import dashboard_views as views
 from service.dashboard_data import page_links
 
@@ -114,19 +113,8 @@ def test_10k_op_gantt_renders_fast_and_lean():
 
 @pytest.fixture()
 def dash_app(tmp_path):
-    from service import dashboard
-    from service.db import make_engine
-    from service.events import Hub
-    from service.repository import Repository
-    from service.schema import upgrade
-
-    engine = make_engine(f"sqlite:///{tmp_path / 'cache.sqlite'}")
-    upgrade(engine)
-    app = FastAPI()
-    app.state.repo = Repository(engine)
-    app.state.hub = Hub()
-    app.include_router(dashboard.router)
-    yield app, app.state.repo
+    app, repo, engine = dashboard_app(f"sqlite:///{tmp_path / 'cache.sqlite'}")
+    yield app, repo
     engine.dispose()
 
 
@@ -144,6 +132,12 @@ def test_plan_page_html_has_one_rect_per_op_and_download_links(dash_app):
                      f"/v1/plans/{key}/export/chrome-trace.json"):
             assert f'href="{href}"' in page.text
         assert 'src="/dashboard/static/dashboard.js' in page.text and "cdn" not in page.text.lower()
+        table = client.get(f"/dashboard/plans/{key}/baselines")
+        assert table.status_code == 200
+        for name in ("this plan", "1f1b", "zb-h1", "pipeoffload"):
+            assert f'data-baseline="{name}"' in table.text
+        again = client.get(f"/dashboard/plans/{key}")  # now cached: the table is inline
+        assert 'id="baselines"' in again.text and "vs 1F1B" in again.text
         live = client.get(f"/dashboard/plans/{key}/live")
         assert live.status_code == 200 and len(re.findall(r'<rect class="op ', live.text)) == op_count(plan)
         assert client.get("/dashboard/plans/" + "0" * 64).status_code == 404

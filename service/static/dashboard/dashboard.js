@@ -180,13 +180,26 @@
         })
         .finally(function () { loading = false; if (again) { again = false; refreshLive(); } });
     };
-    listen(base + "/events?key=" + encodeURIComponent(key), function (name, data) {
+    var jobBadge = document.getElementById("job-state");
+    listen(base + "/events?key=" + encodeURIComponent(key) + "&rev=" +
+           encodeURIComponent(planPage.getAttribute("data-revision") || "0") +
+           (jobBadge && jobBadge.textContent.trim() !== "none" ? "&state=" + encodeURIComponent(jobBadge.textContent.trim()) : ""),
+           function (name, data) {
       var shown = parseInt(planPage.getAttribute("data-revision") || "0", 10);
       if (name === "revision" && data.revision && data.revision > shown) {
         planPage.setAttribute("data-revision", data.revision);
       }
       refreshLive();
     });
+
+    var box = document.getElementById("baselines-box");
+    if (box && box.hasAttribute("data-pending")) {
+      fetch(base + "/plans/" + encodeURIComponent(key) + "/baselines", { headers: { "Accept": "text/html" } })
+        .then(function (r) { return r.ok ? r.text() : null; })
+        .then(function (html) {
+          if (html) { box.innerHTML = html; box.removeAttribute("data-pending"); refreshLive(); }
+        });
+    }
 
     var say = function (text, err) {
       var msg = document.getElementById("action-msg");
