@@ -14,7 +14,7 @@ from collections.abc import Callable
 from ..contract import Plan, Problem
 from ..ops import BACKWARD_KINDS, Kind, Op
 from ..simulator import ScheduleError, Timing, simulate
-from .classic import interleaved_schedule, one_f_one_b_orders
+from .classic import gpipe_orders, interleaved_schedule, one_f_one_b_orders
 from .common import (TOL, DoesNotFit, NotApplicable, Outcome, better, evaluate, over_limit, peaks_of,
                      schedule_of)
 from .zero_bubble import zb_h1_lean_schedule, zb_h2_schedule, zb_v_schedule
@@ -41,6 +41,7 @@ def dense_bases(problem: Problem) -> list[tuple[str, Orders]]:
         ("interleaved-1f1b", lambda: _compute(interleaved_schedule(problem)[0])),
         ("zb-v", lambda: _compute(zb_v_schedule(problem.model_copy(update={
             "devices": [d.model_copy(update={"memory_limit_mib": None}) for d in problem.devices]})))),
+        ("gpipe", lambda: gpipe_orders(problem)),
     ]
     out = []
     for name, build in builders:
@@ -159,7 +160,7 @@ def adaoffload_outcome(problem: Problem) -> Outcome:
                     for d in over_limit(problem, peaks)), peaks)
                 break
     if best is None:
-        raise last_error or DoesNotFit("adaoffload: no dense schedule fits even with offload", [])
+        raise last_error or NotApplicable("adaoffload: no dense schedule applies to this placement")
     return best
 
 
@@ -172,7 +173,8 @@ def pipeoffload_outcome(problem: Problem) -> Outcome:
     s, m = problem.num_stages, problem.num_microbatches
     best: Outcome | None = None
     last_error: DoesNotFit | None = None
-    bases = [b for b in dense_bases(problem) if b[0] in ("1f1b", "interleaved-1f1b", "zb-h1", "zb-v")]
+    bases = [b for b in dense_bases(problem) if b[0] in ("1f1b", "interleaved-1f1b", "zb-h1", "zb-v")] \
+        or [b for b in dense_bases(problem) if b[0] == "gpipe"]
     if _large(problem):
         bases = bases[:1]
     for base, orders in bases:
