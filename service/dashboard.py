@@ -227,8 +227,8 @@ def _load_plan(repo, key: str) -> tuple[Problem, Plan]:
 
 
 def _live_ctx(request: Request, repo, key: str, problem: Problem, plan: Plan,
-              compute_baselines: bool = True) -> dict[str, Any]:
-    charts = RENDERS.charts(key, problem, plan)
+              compute_baselines: bool = True, zoom: int = 1) -> dict[str, Any]:
+    charts = RENDERS.charts(key, problem, plan, zoom)
     revisions = repo.revisions(key)
     job = repo.job(key)
     one = (BASELINES.one_f_one_b_of(key, problem) if compute_baselines
@@ -265,8 +265,8 @@ def _live_ctx(request: Request, repo, key: str, problem: Problem, plan: Plan,
     rev_rows = [{"revision": p.revision, "makespan": views.fmt_ms(p.makespan_ms),
                  "bound": views.fmt_ms(p.lower_bound_ms), "method": p.method,
                  "when": views.fmt_age(p.created_at, now)} for p in points]
-    return {"key": key, "plan": plan, "m": metrics, "gantt": charts["gantt"], "memory": charts["memory"],
-            "legend": charts["legend"], "history": views.history_svg(points), "revisions": rev_rows}
+    return {"key": key, "plan": plan, "m": metrics, "c": charts, "history": views.history_svg(points),
+            "revisions": rev_rows}
 
 
 def _baseline_rows(key: str, problem: Problem, plan: Plan) -> tuple[list[dict[str, Any]], str]:
@@ -317,12 +317,25 @@ def plan_baselines(request: Request, key: str) -> HTMLResponse:
 
 
 @router.get("/plans/{key}/live", response_class=HTMLResponse, dependencies=gated)
-def plan_live(request: Request, key: str) -> HTMLResponse:
+def plan_live(request: Request, key: str, zoom: int = Query(1, ge=1, le=max(data.ZOOMS))) -> HTMLResponse:
     """The parts of the plan page that change with a new revision or job state."""
     repo = _repo(request)
     problem, plan = _load_plan(repo, key)
     return templates.TemplateResponse(request, "dashboard/_plan_live.html",
-                                      _ctx(request, **_live_ctx(request, repo, key, problem, plan)))
+                                      _ctx(request, **_live_ctx(request, repo, key, problem, plan, zoom=zoom)))
+
+
+@router.get("/plans/{key}/charts", response_class=HTMLResponse, dependencies=gated)
+def plan_charts(request: Request, key: str, zoom: int = Query(1, ge=1, le=max(data.ZOOMS)),
+                revision: int | None = Query(None, ge=1)) -> HTMLResponse:
+    """The Gantt and memory panels re-drawn at `zoom` × the page width (time axis only)."""
+    repo = _repo(request)
+    problem, plan = _load_plan(repo, key)
+    if revision is not None and revision != plan.revision:  # keep the revision on screen
+        stored = repo.revision_plan(key, revision)
+        plan = Plan.model_validate_json(stored) if stored else plan
+    return templates.TemplateResponse(request, "dashboard/_charts.html", _ctx(
+        request, key=key, plan=plan, c=RENDERS.charts(key, problem, plan, zoom)))
 
 
 # -- live events ----------------------------------------------------------------------------------------

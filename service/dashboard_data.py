@@ -259,21 +259,33 @@ def page_links(page: int, pages: int, width: int = 2) -> list[int | None]:
 
 # -- plan page -----------------------------------------------------------------------------------------
 
+ZOOMS = (1, 2, 4, 8, 16, 32)
+
+
 class RenderCache:
-    """Rendered SVGs per (key, revision): a stored revision is immutable."""
+    """Rendered SVGs per (key, revision, zoom): a stored revision is immutable."""
 
     def __init__(self, size: int = 64):
         self._lru = _LRU(size)
+        self._memories = _LRU(size)
 
-    def charts(self, key: str, problem: Problem, plan: Plan) -> dict[str, Any]:
+    def charts(self, key: str, problem: Problem, plan: Plan, zoom: int = 1) -> dict[str, Any]:
+        zoom = zoom if zoom in ZOOMS else 1
+
         def compute():
+            memories = self._memories.get_or_compute(
+                (key, plan.revision), lambda: views.device_memories(problem, plan))
+            width = views.CHART_W * zoom
             return {
-                "gantt": views.gantt_svg(problem, plan),
-                "memory": views.memory_svg(problem, plan),
+                "gantt": views.gantt_svg(problem, plan, width),
+                "gantt_labels": views.gantt_labels_svg(problem, plan),
+                "memory": views.memory_svg(problem, plan, width, memories),
+                "memory_labels": views.memory_labels_svg(problem, plan, memories),
                 "legend": views.legend_items(plan),
                 "ops": sum(len(dp.ops) for dp in plan.devices),
+                "zoom": zoom,
             }
-        return self._lru.get_or_compute((key, plan.revision), compute)
+        return self._lru.get_or_compute((key, plan.revision, zoom), compute)
 
 
 def revision_points(revisions: list[dict[str, Any]]) -> list[views.RevisionPoint]:

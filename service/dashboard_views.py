@@ -183,15 +183,20 @@ def _tick_label(value: float, step: float) -> str:
 
 
 # -- Gantt ---------------------------------------------------------------------------------------------
+# Each chart is two SVGs with the same rows: a narrow label column (sticky on the page) and the plot.
+# The plot is drawn at an exact pixel width and never scaled by the browser, so zooming (a server
+# re-render at a wider width inside a scrolling box) stretches time only, never text.
+
+PAD_L, PAD_R = 8, 16  # room for the first and last tick labels
+
 
 @dataclass(frozen=True)
 class GanttLayout:
-    """Vertical layout, exposed so the memory chart and tests can align with it."""
+    """Vertical layout shared by the label column and the plot."""
 
     show_copy_lanes: bool
     device_h: int
     height: int
-    width: int
 
 
 def gantt_layout(problem: Problem, plan: Plan) -> GanttLayout:
@@ -199,7 +204,7 @@ def gantt_layout(problem: Problem, plan: Plan) -> GanttLayout:
         op.kind in ("OFFLOAD", "RELOAD") for dp in plan.devices for op in dp.ops)
     device_h = COMPUTE_H + (2 * COPY_H + 2 if has_copies else 0)
     height = AXIS_H + problem.num_devices * (device_h + DEVICE_GAP) + 4
-    return GanttLayout(has_copies, device_h, height, LABEL_W + CHART_W + 12)
+    return GanttLayout(has_copies, device_h, height)
 
 
 def _time_span(plan: Plan) -> tuple[float, float]:
@@ -211,53 +216,68 @@ def _time_span(plan: Plan) -> tuple[float, float]:
     return t0, (t1 if t1 > t0 else t0 + 1.0)
 
 
-def _axis(t0: float, t1: float, top: float, bottom: float, label_y: float) -> list[str]:
-    step = nice_step(t1 - t0)
-    scale = CHART_W / (t1 - t0)
+def _axis(t0: float, t1: float, chart_w: float, top: float, bottom: float, label_y: float) -> list[str]:
+    target = max(4, int(chart_w / 120))
+    step = nice_step(t1 - t0, target)
+    scale = chart_w / (t1 - t0)
     parts = ['<g class="axis">']
-    for t in _ticks(t0, t1):
-        x = _n(LABEL_W + (t - t0) * scale)
+    for t in _ticks(t0, t1, target):
+        x = _n(PAD_L + (t - t0) * scale)
         parts.append(f'<line class="grid" x1="{x}" x2="{x}" y1="{_n(top)}" y2="{_n(bottom)}"/>'
                      f'<text class="tick" x="{x}" y="{_n(label_y)}">{_tick_label(t, step)}</text>')
-    parts.append(f'<text class="unit" x="{LABEL_W - 6}" y="{_n(label_y)}">ms</text></g>')
+    parts.append("</g>")
     return parts
 
 
-def gantt_svg(problem: Problem, plan: Plan) -> str:
+def _svg_open(cls: str, width: float, height: float, extra: str = "") -> str:
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="{cls}" viewBox="0 0 {_n(width)} {height}"'
+            f' width="{_n(width)}" height="{height}"{extra}>')
+
+
+def gantt_labels_svg(problem: Problem, plan: Plan) -> str:
+    """The Gantt's row labels (GPU n, D2H, H2D), aligned with `gantt_svg`'s rows."""
+    layout = gantt_layout(problem, plan)
+    parts = [_svg_open("row-labels", LABEL_W, layout.height, ' aria-hidden="true"'),
+             f'<text class="unit" x="{LABEL_W - 8}" y="{AXIS_H - 8}">time (ms)</text>']
+    for d in range(problem.num_devices):
+        y0 = AXIS_H + d * (layout.device_h + DEVICE_GAP)
+        parts.append(f'<text class="row-label" x="{LABEL_W - 8}" y="{_n(y0 + COMPUTE_H / 2 + 4)}">GPU {d}</text>')
+        if layout.show_copy_lanes:
+            parts.append(
+                f'<text class="lane-label" x="{LABEL_W - 8}" y="{_n(y0 + COMPUTE_H + 2 + COPY_H - 2)}">D2H</text>'
+                f'<text class="lane-label" x="{LABEL_W - 8}" y="{_n(y0 + COMPUTE_H + 3 + 2 * COPY_H - 2)}">H2D</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def gantt_svg(problem: Problem, plan: Plan, chart_w: float = CHART_W) -> str:
     """The schedule as SVG: per device a compute lane (and D2H / H2D copy lanes when the problem can
     offload), exactly one `<rect class="op KIND">` per op, each carrying
     `data-o="kind,stage,mb,start,end"` for the page's single delegated tooltip handler."""
     layout = gantt_layout(problem, plan)
     t0, t1 = _time_span(plan)
-    scale = CHART_W / (t1 - t0)
+    scale = chart_w / (t1 - t0)
     n_ops = sum(len(dp.ops) for dp in plan.devices)
     label_bars = n_ops <= MAX_LABELLED_OPS
-    lane_y = {Lane.COMPUTE: 0, Lane.D2H: COMPUTE_H + 2, Lane.H2D: COMPUTE_H + 2 + COPY_H + 1}
+    lane_y = {Lane.COMPUTE: 0, Lane.D2H: COMPUTE_H + 2, Lane.H2D: COMPUTE_H + 3 + COPY_H}
     lane_h = {Lane.COMPUTE: COMPUTE_H, Lane.D2H: COPY_H, Lane.H2D: COPY_H}
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="gantt" viewBox="0 0 {layout.width} {layout.height}"'
-        f' width="{layout.width}" height="{layout.height}" data-ops="{n_ops}" data-t0="{_t(t0)}"'
-        f' data-t1="{_t(t1)}" role="img" aria-label="Gantt chart of plan revision {plan.revision}">'
-    ]
-    bottom = layout.height - 4
-    parts += _axis(t0, t1, AXIS_H - 4, bottom, AXIS_H - 8)
+    width = PAD_L + chart_w + PAD_R
+    parts = [_svg_open("gantt", width, layout.height,
+                       f' data-ops="{n_ops}" data-t0="{_t(t0)}" data-t1="{_t(t1)}" role="img"'
+                       f' aria-label="Gantt chart of plan revision {plan.revision}"')]
+    parts += _axis(t0, t1, chart_w, AXIS_H - 4, layout.height - 4, AXIS_H - 8)
     by_device = {dp.device: dp for dp in plan.devices}
     for d in range(problem.num_devices):
         y0 = AXIS_H + d * (layout.device_h + DEVICE_GAP)
         parts.append(f'<g class="device" data-device="{d}">'
-                     f'<rect class="row-bg" x="{LABEL_W}" y="{y0}" width="{CHART_W}" height="{layout.device_h}"/>'
-                     f'<text class="row-label" x="{LABEL_W - 8}" y="{_n(y0 + COMPUTE_H / 2 + 4)}">GPU {d}</text>')
-        if layout.show_copy_lanes:
-            parts.append(
-                f'<text class="lane-label" x="{LABEL_W - 8}" y="{_n(y0 + lane_y[Lane.D2H] + COPY_H - 1)}">D2H</text>'
-                f'<text class="lane-label" x="{LABEL_W - 8}" y="{_n(y0 + lane_y[Lane.H2D] + COPY_H - 1)}">H2D</text>')
+                     f'<rect class="row-bg" x="{PAD_L}" y="{y0}" width="{_n(chart_w)}" height="{layout.device_h}"/>')
         labels: list[str] = []
         dp = by_device.get(d)
         for op in dp.ops if dp is not None else ():
             lane = lane_of(Kind(op.kind))
             if lane is not Lane.COMPUTE and not layout.show_copy_lanes:
                 lane = Lane.COMPUTE  # defensive: never drop an op
-            x = LABEL_W + (op.start_ms - t0) * scale
+            x = PAD_L + (op.start_ms - t0) * scale
             w = max(MIN_BAR_W, (op.end_ms - op.start_ms) * scale)
             y = y0 + lane_y[lane]
             parts.append(
@@ -309,52 +329,86 @@ def _step_path(points: Sequence[tuple[float, float]], x_of, y_of, x_end: float) 
     return "".join(out)
 
 
-def memory_svg(problem: Problem, plan: Plan) -> str:
-    """Per device: memory over time (static included) against its limit, on the Gantt's time axis."""
-    curves = memory_curves(problem, plan)
-    t0, t1 = _time_span(plan)
-    scale = CHART_W / (t1 - t0)
-    width = LABEL_W + CHART_W + 12
-    height = AXIS_H + problem.num_devices * (MEM_H + MEM_GAP) + 4
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="memory" viewBox="0 0 {width} {height}"'
-             f' width="{width}" height="{height}" role="img" aria-label="Memory per device over time">']
-    parts += _axis(t0, t1, AXIS_H - 4, height - 4, AXIS_H - 8)
-    for d, curve in enumerate(curves):
-        y0 = AXIS_H + d * (MEM_H + MEM_GAP)
-        limit = problem.limit_of(d)
+@dataclass(frozen=True)
+class DeviceMemory:
+    device: int
+    curve: list[tuple[float, float]]
+    static: float
+    limit: float
+    peak: float
+
+    @property
+    def over(self) -> bool:
+        return math.isfinite(self.limit) and self.peak > self.limit + 1e-6
+
+
+def device_memories(problem: Problem, plan: Plan) -> list[DeviceMemory]:
+    t0, _ = _time_span(plan)
+    out = []
+    for d, curve in enumerate(memory_curves(problem, plan)):
         static = problem.devices[d].static_mib
         if curve[0][0] > t0:  # the device idles (at its static memory) until its first op
             curve = [(t0, static), *curve]
-        peak = max(level for _, level in curve)
+        out.append(DeviceMemory(d, curve, static, problem.limit_of(d), max(level for _, level in curve)))
+    return out
+
+
+def _mem_height(problem: Problem) -> int:
+    return AXIS_H + problem.num_devices * (MEM_H + MEM_GAP) + 4
+
+
+def memory_labels_svg(problem: Problem, plan: Plan, memories: list[DeviceMemory] | None = None) -> str:
+    memories = memories if memories is not None else device_memories(problem, plan)
+    parts = [_svg_open("row-labels", LABEL_W, _mem_height(problem), ' aria-hidden="true"'),
+             f'<text class="unit" x="{LABEL_W - 8}" y="{AXIS_H - 8}">time (ms)</text>']
+    for m in memories:
+        y0 = AXIS_H + m.device * (MEM_H + MEM_GAP)
+        parts.append(f'<text class="row-label" x="{LABEL_W - 8}" y="{y0 + 14}">GPU {m.device}</text>'
+                     f'<text class="lane-label" x="{LABEL_W - 8}" y="{y0 + 28}">peak</text>'
+                     f'<text class="lane-label{" over" if m.over else ""}" x="{LABEL_W - 8}" y="{y0 + 39}">'
+                     f'{escape(fmt_mib(m.peak))}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def memory_svg(problem: Problem, plan: Plan, chart_w: float = CHART_W,
+               memories: list[DeviceMemory] | None = None) -> str:
+    """Per device: memory over time (static included) against its limit, on the Gantt's time axis."""
+    memories = memories if memories is not None else device_memories(problem, plan)
+    t0, t1 = _time_span(plan)
+    scale = chart_w / (t1 - t0)
+    height = _mem_height(problem)
+    parts = [_svg_open("memory", PAD_L + chart_w + PAD_R, height,
+                       ' role="img" aria-label="Memory per device over time"')]
+    parts += _axis(t0, t1, chart_w, AXIS_H - 4, height - 4, AXIS_H - 8)
+    right = PAD_L + chart_w
+
+    def x_of(t: float) -> float:
+        return PAD_L + (t - t0) * scale
+
+    for m in memories:
+        y0 = AXIS_H + m.device * (MEM_H + MEM_GAP)
         # The floor is the static memory: what moves (activations) is what the chart must show.
-        top = max(peak, limit if math.isfinite(limit) else 0.0)
-        floor = static if top > static else 0.0
+        top = max(m.peak, m.limit if math.isfinite(m.limit) else 0.0)
+        floor = m.static if top > m.static else 0.0
         top = top + (top - floor) * 0.1 or 1.0
 
         def y_of(level: float, y0: float = y0, top: float = top, floor: float = floor) -> float:
             return y0 + MEM_H - (level - floor) / (top - floor) * MEM_H
 
-        def x_of(t: float) -> float:
-            return LABEL_W + (t - t0) * scale
-
-        over = math.isfinite(limit) and peak > limit + 1e-6
-        parts.append(f'<g class="mem-device" data-device="{d}" data-peak="{_n(peak)}">'
-                     f'<rect class="row-bg" x="{LABEL_W}" y="{y0}" width="{CHART_W}" height="{MEM_H}"/>'
-                     f'<text class="row-label" x="{LABEL_W - 8}" y="{y0 + 14}">GPU {d}</text>'
-                     f'<text class="lane-label" x="{LABEL_W - 8}" y="{y0 + 27}">peak</text>'
-                     f'<text class="lane-label{" over" if over else ""}" x="{LABEL_W - 8}" y="{y0 + 38}">'
-                     f'{escape(fmt_mib(peak))}</text>'
-                     f'<text class="floor-label" x="{LABEL_W + 4}" y="{y0 + MEM_H - 3}">'
-                     f'static {escape(fmt_mib(static))}</text>')
-        path = _step_path(curve, x_of, y_of, LABEL_W + CHART_W)
+        parts.append(f'<g class="mem-device" data-device="{m.device}" data-peak="{_n(m.peak)}">'
+                     f'<rect class="row-bg" x="{PAD_L}" y="{y0}" width="{_n(chart_w)}" height="{MEM_H}"/>')
+        path = _step_path(m.curve, x_of, y_of, right)
         if path:
-            parts.append(f'<path class="mem-area" d="{path}V{_n(y0 + MEM_H)}H{_n(x_of(curve[0][0]))}Z"/>'
+            parts.append(f'<path class="mem-area" d="{path}V{_n(y0 + MEM_H)}H{_n(x_of(m.curve[0][0]))}Z"/>'
                          f'<path class="mem-line" d="{path}"/>')
-        if math.isfinite(limit):
-            ly = _n(y_of(limit))
-            parts.append(f'<line class="mem-limit" x1="{LABEL_W}" x2="{LABEL_W + CHART_W}" y1="{ly}" y2="{ly}"/>'
-                         f'<text class="limit-label" x="{LABEL_W + CHART_W - 4}" y="{_n(y_of(limit) - 3)}">'
-                         f'limit {escape(fmt_mib(limit))}</text>')
+        parts.append(f'<text class="floor-label" x="{PAD_L + 4}" y="{y0 + MEM_H - 3}">'
+                     f'static {escape(fmt_mib(m.static))}</text>')
+        if math.isfinite(m.limit):
+            ly = _n(y_of(m.limit))
+            parts.append(f'<line class="mem-limit" x1="{PAD_L}" x2="{_n(right)}" y1="{ly}" y2="{ly}"/>'
+                         f'<text class="limit-label" x="{_n(right - 4)}" y="{_n(y_of(m.limit) - 3)}">'
+                         f'limit {escape(fmt_mib(m.limit))}</text>')
         parts.append("</g>")
     parts.append("</svg>")
     return "".join(parts)

@@ -50,10 +50,24 @@ def test_gantt_puts_copies_on_their_own_lanes_and_bars_scale_with_duration():
     assert float(off.get("width")) / float(f.get("width")) == pytest.approx(0.6, rel=0.02)
 
 
-def test_gantt_without_offload_has_no_copy_lanes():
+def test_gantt_copy_lane_labels_only_when_the_problem_can_offload():
     problem = make_problem(3, 4)
-    svg = views.gantt_svg(problem, gpipe_plan(problem))
-    assert "D2H" not in svg and len(_op_rects(svg)) == op_count(gpipe_plan(problem))
+    plan = gpipe_plan(problem)
+    assert "D2H" not in views.gantt_labels_svg(problem, plan)
+    assert len(_op_rects(views.gantt_svg(problem, plan))) == op_count(plan)
+    offload = make_problem(3, 4, offload=True)
+    labels = views.gantt_labels_svg(offload, gpipe_plan(offload, offload_every=2))
+    assert labels.count(">D2H<") == 3 and labels.count(">H2D<") == 3
+
+
+def test_zoom_stretches_time_only():
+    problem = make_problem(2, 4)
+    plan = gpipe_plan(problem)
+    narrow, wide = views.gantt_svg(problem, plan), views.gantt_svg(problem, plan, views.CHART_W * 4)
+    a, b = _op_rects(narrow), _op_rects(wide)
+    assert [r.get("y") for r in a] == [r.get("y") for r in b]  # same rows
+    assert ET.fromstring(narrow).get("height") == ET.fromstring(wide).get("height")
+    assert float(b[-1].get("width")) == pytest.approx(4 * float(a[-1].get("width")), rel=0.01)
 
 
 def test_memory_chart_peaks_match_the_plan_and_limits_are_drawn():

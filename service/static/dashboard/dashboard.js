@@ -78,29 +78,6 @@
   });
   document.addEventListener("mouseleave", function () { tip.style.display = "none"; current = null; });
 
-  /* Zoom: widen the SVGs (the container scrolls); the Gantt and memory charts share one factor. */
-  var zoom = 1;
-  function applyZoom() {
-    document.querySelectorAll(".chart.zoomable").forEach(function (c) {
-      var svg = c.querySelector("svg");
-      if (!svg) { return; }
-      if (zoom === 1) { c.classList.add("fit"); svg.style.width = ""; svg.style.height = ""; return; }
-      c.classList.remove("fit");
-      var vb = svg.viewBox.baseVal;
-      var w = c.clientWidth * zoom;
-      svg.style.width = w + "px"; svg.style.height = (vb.height * w / vb.width) + "px";
-    });
-    var label = document.getElementById("zoom-level");
-    if (label) { label.textContent = Math.round(zoom * 100) + "%"; }
-  }
-  document.addEventListener("click", function (ev) {
-    var b = ev.target.closest && ev.target.closest("[data-zoom]");
-    if (!b) { return; }
-    var z = b.getAttribute("data-zoom");
-    zoom = z === "reset" ? 1 : Math.max(1, Math.min(64, zoom * parseFloat(z)));
-    applyZoom();
-  });
-
   /* Live updates. The server sends one event per new revision or job state change; the page
      re-fetches only the server-rendered fragment that changed (one table row, or the plan panels). */
   var liveDot = document.getElementById("live-dot"), liveStatus = document.getElementById("live-status");
@@ -157,7 +134,7 @@
     var refreshLive = function () {
       if (loading) { again = true; return; }
       loading = true;
-      fetch(base + "/plans/" + encodeURIComponent(key) + "/live", { headers: { "Accept": "text/html" } })
+      fetch(base + "/plans/" + encodeURIComponent(key) + "/live?zoom=" + zoomLevel(), { headers: { "Accept": "text/html" } })
         .then(function (r) { return r.ok ? r.text() : null; })
         .then(function (html) {
           if (html) {
@@ -165,7 +142,12 @@
             var budget = budgetBox ? budgetBox.value : null;
             var msgBox = document.getElementById("action-msg");
             var said = msgBox ? [msgBox.textContent, msgBox.className] : null;
+            var scrolled = (document.getElementById("gantt") || {}).scrollLeft || 0;
             document.getElementById("plan-live").innerHTML = html;
+            ["gantt", "memory"].forEach(function (id) {
+              var el = document.getElementById(id);
+              if (el) { el.scrollLeft = scrolled; }
+            });
             if (budget !== null && document.getElementById("refine-budget")) {
               document.getElementById("refine-budget").value = budget;
             }
@@ -175,7 +157,6 @@
             }
             var rev = document.getElementById("m-revision");
             if (rev) { planPage.setAttribute("data-revision", rev.textContent.trim()); }
-            applyZoom();
           }
         })
         .finally(function () { loading = false; if (again) { again = false; refreshLive(); } });
@@ -191,6 +172,44 @@
       }
       refreshLive();
     });
+
+    /* Zoom re-draws the charts on the server at 2×, 4×, … the width (time axis only, text stays
+       sharp) inside a scrolling box; the view stays centred on the same instant. */
+    var ZOOMS = [1, 2, 4, 8, 16, 32];
+    var zoomLevel = function () {
+      var z = document.querySelector(".zoom[data-zoom-level]");
+      return z ? parseInt(z.getAttribute("data-zoom-level"), 10) : 1;
+    };
+    var zooming = false;
+    document.addEventListener("click", function (ev) {
+      var b = ev.target.closest && ev.target.closest("[data-zoom]");
+      if (!b || zooming) { return; }
+      var cur = zoomLevel(), i = ZOOMS.indexOf(cur), what = b.getAttribute("data-zoom");
+      var next = what === "fit" ? 1 : ZOOMS[Math.max(0, Math.min(ZOOMS.length - 1, i + (what === "in" ? 1 : -1)))];
+      if (next === cur) { return; }
+      var scroller = document.getElementById("gantt");
+      var centre = scroller ? (scroller.scrollLeft + scroller.clientWidth / 2) / scroller.scrollWidth : 0.5;
+      zooming = true;
+      fetch(base + "/plans/" + encodeURIComponent(key) + "/charts?zoom=" + next + "&revision=" +
+            encodeURIComponent(planPage.getAttribute("data-revision") || ""), { headers: { "Accept": "text/html" } })
+        .then(function (r) { return r.ok ? r.text() : null; })
+        .then(function (html) {
+          if (!html) { return; }
+          document.getElementById("charts").innerHTML = html;
+          ["gantt", "memory"].forEach(function (id) {
+            var el = document.getElementById(id);
+            if (el) { el.scrollLeft = Math.max(0, centre * el.scrollWidth - el.clientWidth / 2); }
+          });
+        })
+        .finally(function () { zooming = false; });
+    });
+    /* The Gantt and memory plots scroll together. */
+    document.addEventListener("scroll", function (ev) {
+      var t = ev.target;
+      if (!t || !t.id || (t.id !== "gantt" && t.id !== "memory")) { return; }
+      var other = document.getElementById(t.id === "gantt" ? "memory" : "gantt");
+      if (other && Math.abs(other.scrollLeft - t.scrollLeft) > 1) { other.scrollLeft = t.scrollLeft; }
+    }, true);
 
     var box = document.getElementById("baselines-box");
     if (box && box.hasAttribute("data-pending")) {
@@ -232,5 +251,4 @@
       }
     });
   }
-  applyZoom();
 })();
