@@ -9,6 +9,7 @@ re-run by another worker within stale_after_s + maintenance_interval_s + dequeue
 from __future__ import annotations
 
 import logging
+import socket
 
 from rq import Queue, Worker
 
@@ -56,6 +57,7 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
         worker_ttl=settings.worker_ttl_s, maintenance_interval=settings.maintenance_interval_s,
         job_monitoring_interval=settings.job_monitoring_interval_s,
     )
+    ctx.name = f"{worker.name}@{socket.gethostname()}"
     log.info("worker %s on queue %s (db %s)", worker.name, settings.queue_name,
              ctx.repo.engine.url.render_as_string(hide_password=True))
     worker.work(burst=burst, logging_level="INFO", with_scheduler=False)

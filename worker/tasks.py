@@ -38,7 +38,7 @@ class WorkerContext:
 def run_job(ctx: WorkerContext, key: str, run_id: str) -> str:
     """Run one queued refine run to its end. Returns the final state (or 'skipped' / 'lost')."""
     repo, settings = ctx.repo, ctx.settings
-    job = repo.claim(key, run_id, f"{ctx.name}/{threading.current_thread().name}")
+    job = repo.claim(key, run_id, f"{ctx.name}/pid={os.getpid()}/{threading.current_thread().name}")
     if job is None:
         return "skipped"
     ctx.publisher.publish(key, job_message(key, SOLVING))
@@ -141,6 +141,7 @@ def rq_refine(key: str, run_id: str) -> str:
         configure(get_settings())
     elif _CONTEXT_PID != os.getpid():  # forked horse: fresh publisher socket, fresh name
         _CONTEXT = WorkerContext(_CONTEXT.repo, type(_CONTEXT.publisher)(
-            _CONTEXT.settings.redis_url, _CONTEXT.settings.events_channel), _CONTEXT.settings)
+            _CONTEXT.settings.redis_url, _CONTEXT.settings.events_channel), _CONTEXT.settings,
+            name=_CONTEXT.name)
         _CONTEXT_PID = os.getpid()
     return run_job(_CONTEXT, key, run_id)

@@ -1,0 +1,162 @@
+"""Production mode end to end: uvicorn + `pipeplan worker` subprocesses on real PostgreSQL and Redis.
+
+Concurrent duplicate submissions make one revision 1 and one job; improvements reach SSE clients
+across processes over Redis pub/sub; a SIGKILLed worker's job is re-run by another worker from the
+best stored plan within 90 s; queued jobs lost in a Redis flush are re-enqueued by the reconciler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import redis
+from rq import Queue
+
+from service.repository import Repository
+from service_support import (
+    REDIS_URL,
+    hard_problem,
+    make_problem,
+    migrated_engine,
+    pg_available,
+    pg_schema,
+    problem_doc,
+    start_server,
+    start_worker,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """PostgreSQL schema (migrated, as `pipeplan migrate` would), a Redis queue, one API process."""
+    if not pg_available():
+        pytest.fail("PostgreSQL is needed for the worker tests")
+    redis.Redis.from_url(REDIS_URL).ping()
+    tmp = tmp_path_factory.mktemp("deploy")
+    import uuid
+
+    queue = f"pp-test-{uuid.uuid4().hex[:8]}"
+    with pg_schema() as (url, _):
+        engine = migrated_engine(url)
+        settings = dict(database_url=url, redis_url=REDIS_URL, queue_name=queue, solver_workers=1,
+                        default_time_budget_s=3)
+        server, base = start_server(tmp, **settings)
+        try:
+            yield {"base": base, "settings": settings, "repo": Repository(engine), "tmp": tmp, "queue": queue,
+                   "server": server}
+        finally:
+            server.stop()
+            engine.dispose()
+            client = redis.Redis.from_url(REDIS_URL)
+            for k in client.scan_iter(f"rq:*{queue}*"):
+                client.delete(k)
+
+
+def test_concurrent_duplicate_posts_make_one_job_and_one_revision(deployment):
+    base, repo = deployment["base"], deployment["repo"]
+    problem = make_problem(devices=4, microbatches=8)
+    queue = Queue(deployment["queue"], connection=redis.Redis.from_url(REDIS_URL))
+    before = queue.count
+
+    def post(_):
+        return httpx.post(f"{base}/v1/plans", json={"problem": problem_doc(problem), "time_budget_s": 2},
+                          timeout=30)
+
+    with ThreadPoolExecutor(24) as pool:
+        responses = list(pool.map(post, range(24)))
+    codes = sorted(r.status_code for r in responses)
+    assert codes.count(201) == 1 and codes.count(200) == 23, codes
+    assert {r.json()["problem_key"] for r in responses} == {problem.key()}
+    assert {r.json()["revision"] for r in responses} == {1}
+    assert [r["revision"] for r in repo.revisions(problem.key())] == [1]
+    assert queue.count - before == 1  # one refine job enqueued, not 24
+    assert repo.job(problem.key()).runs == 1
+
+
+def test_worker_improvements_reach_sse_clients_over_redis(deployment):
+    base, tmp, settings = deployment["base"], deployment["tmp"], deployment["settings"]
+    problem = hard_problem()
+    key = problem.key()
+    worker = start_worker(tmp, "sse-w", **settings)
+    try:
+        first = httpx.post(f"{base}/v1/plans", json={"problem": problem_doc(problem), "time_budget_s": 3},
+                           timeout=30).json()
+        revisions, states = [], []
+        with httpx.stream("GET", f"{base}/v1/plans/{key}/events", params={"summary": "true"},
+                          timeout=60) as stream:
+            name = None
+            for line in stream.iter_lines():
+                if line.startswith("event:"):
+                    name = line[6:].strip()
+                elif line.startswith("data:"):
+                    data = json.loads(line[5:])
+                    if name == "revision":
+                        revisions.append(data["revision"])
+                    elif name == "job":
+                        states.append(data["state"])
+                        if data["state"] in ("converged", "failed", "cancelled"):
+                            break
+        assert states[-1] == "converged", (states, worker.output())
+        assert revisions[0] == first["revision"] == 1 and len(revisions) >= 2
+        assert revisions == sorted(set(revisions))
+        best = httpx.get(f"{base}/v1/plans/{key}").json()
+        assert best["revision"] == revisions[-1] and best["makespan_ms"] < first["plan"]["makespan_ms"]
+    finally:
+        worker.stop()
+
+
+def test_sigkilled_worker_job_is_rerun_by_another_worker(deployment):
+    base, tmp, settings, repo = deployment["base"], deployment["tmp"], deployment["settings"], deployment["repo"]
+    workers = {name: start_worker(tmp, name, **settings) for name in ("kill-a", "kill-b")}
+    try:
+        problem = hard_problem()
+        key = problem.key()
+        httpx.post(f"{base}/v1/plans", json={"problem": problem_doc(problem), "time_budget_s": 60}, timeout=30)
+        job = wait_for(lambda: (j := repo.job(key)) and j.state == "solving" and j, 20, what="solving")
+        time.sleep(3)  # let it solve (and usually store an improvement) before the kill
+        victim = job.worker.split("@")[0]
+        survivor = next(n for n in workers if n != victim)
+        before = repo.best(key)
+        horse = int(job.worker.split("/pid=")[1].split("/")[0])
+        workers[victim].kill()  # SIGKILL the worker's process group, and its work horse (own session)
+        os.kill(horse, signal.SIGKILL)
+        killed_at = time.monotonic()
+        rerun = wait_for(lambda: (j := repo.job(key)) and j.attempts == 2 and j.state == "solving" and j, 90,
+                         interval=0.5, what="the re-run")
+        latency = time.monotonic() - killed_at
+        assert latency <= 90
+        assert rerun.worker.startswith(survivor)
+        after = repo.best(key)
+        assert after.revision >= before.revision and after.makespan_ms <= before.makespan_ms  # nothing lost
+        print(f"re-run started {latency:.1f}s after SIGKILL")
+        httpx.post(f"{base}/v1/plans/{key}/cancel", timeout=10)
+        wait_for(lambda: repo.job(key).state == "cancelled", 15, what="cancel of the re-run")
+    finally:
+        for w in workers.values():
+            w.stop()
+
+
+def test_reconciler_reenqueues_jobs_lost_when_redis_loses_its_data(deployment):
+    base, tmp, settings, repo = deployment["base"], deployment["tmp"], deployment["settings"], deployment["repo"]
+    problem = make_problem(devices=4, microbatches=6, limit_mib=4000.0)
+    key = problem.key()
+    httpx.post(f"{base}/v1/plans", json={"problem": problem_doc(problem), "time_budget_s": 1}, timeout=30)
+    lost_run = repo.job(key).run_id
+    redis.Redis.from_url(REDIS_URL).flushdb()  # Redis restarted without persistence
+    worker = start_worker(tmp, "after-flush", **settings)
+    try:
+        job = wait_for(lambda: (j := repo.job(key)) and j.state == "converged" and j, 45, interval=0.5,
+                       what="the re-enqueued job")
+        assert job.run_id != lost_run and job.attempts == 1
+    finally:
+        worker.stop()
+    assert httpx.get(f"{base}/readyz", timeout=5).json()["status"] == "ok"
