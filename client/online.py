@@ -100,7 +100,7 @@ class OnlinePlan:
         self._thread: threading.Thread | None = None
 
         if self.key is not None:
-            self._offer(self.store.load(self.key), persist=False)
+            self.offer(self.store.load(self.key), persist=False)
         try:
             self._submit()
         except ServiceUnavailable as exc:
@@ -113,7 +113,7 @@ class OnlinePlan:
                     "no plan: the service is unavailable, nothing is cached on disk"
                     f" ({self.store.directory}) and no fallback was given" + (
                         "" if self.problem is not None else " (a model spec needs the service for its key)"))
-            self._offer(fallback(self.problem), persist=False)
+            self.offer(fallback(self.problem), persist=False)
         with self._lock:
             self._current = self._newest
         if start and self.client is not None:
@@ -178,12 +178,15 @@ class OnlinePlan:
             log.warning("service key %s differs from the local key %s", submission.key[:12], self.key[:12])
         self.key = submission.key
         if self.problem is None and self._newest is None:
-            self._offer(self.store.load(self.key), persist=False)
-        self._offer(submission.plan)
+            self.offer(self.store.load(self.key), persist=False)
+        self.offer(submission.plan)
         self._submitted = True
 
-    def _offer(self, plan: Plan | None, persist: bool = True) -> bool:
-        """Keep `plan` as the newest if it is newer and valid; write it to disk."""
+    def offer(self, plan: Plan | None, persist: bool = True) -> bool:
+        """Keep `plan` as the newest if it is newer and valid; write it to disk.
+
+        The follower thread calls this; an in-process producer (e.g. an embedded solver) may too.
+        """
         if plan is None:
             return False
         if self.problem is not None:
@@ -212,7 +215,7 @@ class OnlinePlan:
                 after = self._newest.revision if self._newest is not None else 0
                 for plan in self.client.follow(self.key, after, stop=self._stop,
                                                poll_interval_s=self.poll_interval_s):
-                    self._offer(plan)
+                    self.offer(plan)
             except PlanNotFound:
                 # the service lost the key (e.g. a fresh database): submit again to re-seed it
                 self._submitted = False
