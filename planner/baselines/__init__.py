@@ -19,7 +19,8 @@ from ..validator import InvalidPlanError
 from .common import DoesNotFit, NotApplicable, Outcome, evaluate, schedule_of
 from .greedy import greedy_outcome
 from .offload import adaoffload_outcome, pipeoffload_outcome
-from .zero_bubble import zb_h1_schedule, zb_h2_schedule, zb_v_schedule
+from .zero_bubble import (zb_h1_schedule, zb_h2_schedule, zb_v_pattern_schedule, zb_v_schedule,
+                          zb_v_tight_schedule)
 
 NAMES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "greedy", "pipeoffload",
          "adaoffload"]
@@ -48,13 +49,31 @@ def _fixed(name: str, build: Callable[[Problem], Schedule]) -> Callable[[Problem
     return run
 
 
+def _best_of(problem: Problem, name: str, *builds: Callable[[Problem], Schedule]) -> Outcome:
+    """The faster fitting one of several constructions of the same schedule family."""
+    best: Outcome | None = None
+    error: Exception | None = None
+    for build in builds:
+        try:
+            outcome = evaluate(problem, build(problem), name)
+        except (NotApplicable, DoesNotFit) as exc:
+            error = exc
+            continue
+        if best is None or outcome.makespan < best.makespan - 1e-9:
+            best = outcome
+    if best is None:
+        raise error or NotApplicable(f"{name} does not apply")
+    return best
+
+
 _BUILDERS: dict[str, Callable[[Problem], Outcome]] = {
     "gpipe": _gpipe,
     "1f1b": _one_f_one_b,
     "interleaved-1f1b": _interleaved,
     "zb-h1": _fixed("zb-h1", zb_h1_schedule),
     "zb-h2": _fixed("zb-h2", zb_h2_schedule),
-    "zb-v": _fixed("zb-v", zb_v_schedule),
+    "zb-v": lambda problem: _best_of(problem, "zb-v", zb_v_schedule, zb_v_pattern_schedule,
+                                        zb_v_tight_schedule),
     "greedy": greedy_outcome,
     "pipeoffload": pipeoffload_outcome,
     "adaoffload": adaoffload_outcome,

@@ -39,6 +39,7 @@ class EngineConfig:
     cap_until_w: bool = False  # the cap counts forwards whose W (not just B) is still pending
     w_lag: list[int] | None = None  # a W jumps ahead of forwards once stage k has this many pending
     w_tail: list[int] | None = None  # with w_lag: the last w_tail[k] W's of stage k only fill gaps
+    chunk_reserve: bool = True  # a forward leaves room for the same microbatch's later chunk
     prefer_late_forward: bool = False  # among a device's stages, run the later stage's F first (V shape)
 
 
@@ -89,6 +90,10 @@ class _Engine:
         self.trigger: dict[tuple[int, int], list[int]] = {}
         self.lead = [self._lead(k) for k in range(self.S)]
         self.wake: set[int] = set()
+        # room a forward of stage k must leave so the same microbatch can still run its forward on
+        # the device's later stages (else a V / looped device can fill up with early-chunk work)
+        self.later_act = [max((problem.stages[j].activation_mib for j in self.stages_on[self.dev_of[k]]
+                               if j > k), default=0.0) for k in range(self.S)]
 
     # -- helpers ---------------------------------------------------------------------------------
     def _bwd(self, k: int, i: int) -> Op:
@@ -339,7 +344,7 @@ class _Engine:
             ch = self.choice[(k, i)]
             s = self.p.stages[k]
             alloc = s.checkpoint_mib if ch.recompute else s.activation_mib
-            reserve = max(self.pending_restore[d].values(), default=0.0)
+            reserve = max(self.pending_restore[d].values(), default=0.0) + (self.later_act[k] if self.cfg.chunk_reserve else 0.0)
             if not self._fits(d, t, alloc, reserve):
                 continue
             self._start_forward(d, k, t, self.last_free[d] if self.mem_on else None)

@@ -64,10 +64,31 @@ def zb_v_schedule(problem: Problem) -> Schedule:
     require_split(problem, "zb-v")
     if not is_v_placement(problem):
         raise NotApplicable("zb-v needs V placement: 2 stages per device, stage k and 2P-1-k together")
-    p = problem.num_devices
     budget = one_f_one_b_memory(problem)
     caps = [min(b, problem.limit_of(d)) for d, b in enumerate(budget)]
-    return _run(problem, EngineConfig(split=True, mem_cap=caps, prefer_late_forward=True), f"zb-v (P={p})")
+    return _run(problem, EngineConfig(split=True, mem_cap=caps, prefer_late_forward=True), "zb-v")
+
+
+def zb_v_tight_schedule(problem: Problem) -> Schedule:
+    """ZB-V without the later-chunk reserve: denser when it does not block (it may, then N/A)."""
+    require_split(problem, "zb-v")
+    if not is_v_placement(problem):
+        raise NotApplicable("zb-v needs V placement: 2 stages per device, stage k and 2P-1-k together")
+    twin = unit_twin(problem)
+    caps = [min(b, problem.limit_of(d)) for d, b in enumerate(one_f_one_b_memory(twin))]
+    return _run(twin, EngineConfig(split=True, mem_cap=caps, prefer_late_forward=True,
+                                   chunk_reserve=False), "zb-v")
+
+
+def zb_v_pattern_schedule(problem: Problem) -> Schedule:
+    """ZB-V's pattern on the unit-cost twin (re-timed with the real costs by the caller)."""
+    require_split(problem, "zb-v")
+    if not is_v_placement(problem):
+        raise NotApplicable("zb-v needs V placement: 2 stages per device, stage k and 2P-1-k together")
+    twin = unit_twin(problem)
+    budget = one_f_one_b_memory(twin)
+    caps = [min(b, problem.limit_of(d)) for d, b in enumerate(budget)]
+    return _run(twin, EngineConfig(split=True, mem_cap=caps, prefer_late_forward=True), "zb-v")
 
 
 def _run(problem: Problem, cfg: EngineConfig, what: str = "zero-bubble") -> Schedule:
