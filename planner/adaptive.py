@@ -22,14 +22,21 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .bounds import MemoryInfeasibleError, check_memory_feasible
 from .contract import Plan, Problem
 from .costmodel import (
-    LayerCost, Spec, build_problem, layer_costs, static_bytes_per_param, stage_device,
-    uniform_partition, balanced_partition,
+    LayerCost,
+    Spec,
+    balanced_partition,
+    build_problem,
+    layer_costs,
+    stage_device,
+    static_bytes_per_param,
+    uniform_partition,
 )
 from .ops import COMPUTE_KINDS, Kind
 
@@ -446,12 +453,10 @@ def search(spec: Spec | dict, budget_s: float = 5.0,
                 continue  # a reference, not a contender (timed above when asked)
             pool.append((proxy.score(ranges), placement, chunks, strategy, ranges))
     pool.sort(key=lambda x: x[0])
-    done = 0
-    for _, placement, chunks, strategy, ranges in pool:
+    for done, (_, placement, chunks, strategy, ranges) in enumerate(pool):
         if done >= min_evaluations and time.monotonic() > start + 0.6 * budget_s:
             break
         record(evaluate(spec, costs, placement, chunks, strategy, ranges))
-        done += 1
     fitting = sorted((c for c in evaluated if c.fits and c.strategy != "uniform"),
                      key=lambda c: c.makespan_ms)
     starts, seen_configs = [], set()
@@ -464,7 +469,7 @@ def search(spec: Spec | dict, budget_s: float = 5.0,
         share = (deadline - time.monotonic()) / (len(starts) - i)
         if share <= 0.05:
             break
-        _, tried = local_search(spec, costs, cand, time.monotonic() + share, record)
+        local_search(spec, costs, cand, time.monotonic() + share, record)
     unique, seen = [], set()
     for cand in sorted(evaluated, key=lambda c: (not c.fits, c.makespan_ms if c.fits else math.inf)):
         key = (cand.placement, cand.chunks, tuple(map(tuple, cand.partition)), cand.schedule)
@@ -567,8 +572,9 @@ def _rekey(plan: Plan, problem: Problem) -> Plan:
 
 def format_table(candidates: list[Candidate], best: Candidate | None = None) -> str:
     """A plain-text table of the candidates (best first): what `pipeplan plan` prints on stderr."""
-    lines = [f"{'placement':<9} {'partition':<14} {'schedule':<17} {'time ms':>10} {'peak MiB':>9} "
-             f"{'limit MiB':>9}  layers/stage"]
+    header = (f"{'placement':<9} {'partition':<14} {'schedule':<17} {'time ms':>10} {'peak MiB':>9} "
+              f"{'limit MiB':>9}  layers/stage")
+    lines = [header]
     for cand in candidates:
         r = cand.row()
         mark = "*" if cand is best else " "

@@ -62,6 +62,7 @@ microbatch; bytes for 16-bit activations unless noted):
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, Literal
 
@@ -595,7 +596,7 @@ def build_problem(spec: Spec, partition: list[list[int]], placement: str | None 
     if len(partition) != num_stages:
         raise ValueError(f"partition: {len(partition)} ranges for {num_stages} stages")
     if partition[0][0] != 0 or partition[-1][1] != len(costs) or any(
-            a[1] != b[0] for a, b in zip(partition, partition[1:])) or any(r[1] <= r[0] for r in partition):
+            a[1] != b[0] for a, b in itertools.pairwise(partition)) or any(r[1] <= r[0] for r in partition):
         raise ValueError(f"partition: ranges must be non-empty, contiguous and cover 0..{len(costs)}")
     boundary = boundary_bytes(m)
     host_bytes_per_ms = hw.host_link_gbps * 1e9 / 1e3
@@ -674,7 +675,7 @@ def problem_from_document(doc: dict) -> Problem:
     """A problem v1 dict (has "format": "pipeplan.problem/v1" or "stages") or a model spec dict (has
     "model"), detected. Raises ValueError or pydantic's ValidationError naming the field."""
     if not isinstance(doc, dict):
-        raise ValueError(f"document: expected a JSON object, got {type(doc).__name__}")
+        raise ValueError(f"document: expected a JSON object, got {type(doc).__name__}")  # noqa: TRY004
     if is_problem_document(doc):
         return Problem.model_validate(doc)
     if "model" in doc or doc.get("format") == SPEC_FORMAT:
@@ -690,8 +691,22 @@ def spec_from_document(doc: dict) -> Spec:
 
 
 __all__ = [
-    "HARDWARE", "Hardware", "LayerCost", "LayerGroup", "ModelSpec", "Spec", "Training",
-    "balanced_partition", "build_problem", "is_problem_document", "layer_costs", "partition_for",
-    "problem_from_document", "problem_from_spec", "spec_from_document", "stage_device",
-    "uniform_partition", "ValidationError",
+    "HARDWARE",
+    "Hardware",
+    "LayerCost",
+    "LayerGroup",
+    "ModelSpec",
+    "Spec",
+    "Training",
+    "ValidationError",
+    "balanced_partition",
+    "build_problem",
+    "is_problem_document",
+    "layer_costs",
+    "partition_for",
+    "problem_from_document",
+    "problem_from_spec",
+    "spec_from_document",
+    "stage_device",
+    "uniform_partition",
 ]

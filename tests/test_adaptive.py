@@ -11,7 +11,12 @@ from typer.testing import CliRunner
 from pipeplan.cli import app
 from planner import baselines
 from planner.adaptive import (
-    Proxy, adaptive_problem, bottleneck_partition, device_balanced_partition, plan_adaptive, search,
+    Proxy,
+    adaptive_problem,
+    bottleneck_partition,
+    device_balanced_partition,
+    plan_adaptive,
+    search,
 )
 from planner.bounds import MemoryInfeasibleError
 from planner.contract import Plan, Problem

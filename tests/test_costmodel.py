@@ -10,8 +10,14 @@ from pydantic import ValidationError
 
 from planner.contract import Problem, error_messages
 from planner.costmodel import (
-    HARDWARE, Spec, balanced_partition, build_problem, layer_costs, problem_from_document,
-    stage_device, uniform_partition,
+    HARDWARE,
+    Spec,
+    balanced_partition,
+    build_problem,
+    layer_costs,
+    problem_from_document,
+    stage_device,
+    uniform_partition,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,13 +77,13 @@ def test_narayanan_and_korthikanti_formulas_exactly():
            "hardware": "A100-80GB",
            "training": {"devices": 2, "microbatches": 4, "flash_attention": False}}
     spec = Spec.model_validate(doc)
-    dense = [c for c in layer_costs(spec.model, spec.hardware, spec.training) if c.type == "dense"][0]
+    dense = next(c for c in layer_costs(spec.model, spec.hardware, spec.training) if c.type == "dense")
     assert dense.flops == 24 * b * s * h * h + 4 * b * s * s * h
     assert dense.activation_bytes == s * b * h * (34 + 5 * a * s / h)
     assert dense.weight_grad_bytes == 32 * s * b * h  # Zero Bubble Table 1
     doc["training"]["flash_attention"] = True
     spec = Spec.model_validate(doc)
-    dense = [c for c in layer_costs(spec.model, spec.hardware, spec.training) if c.type == "dense"][0]
+    dense = next(c for c in layer_costs(spec.model, spec.hardware, spec.training) if c.type == "dense")
     assert dense.activation_bytes == 34 * s * b * h
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated
 
 import typer
 
@@ -11,22 +11,22 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan(
-        spec: Path = typer.Argument(..., help="model/hardware/training spec (JSON)"),
-        time_limit: float = typer.Option(10.0, "--time-limit", help="seconds for search + optimizer"),
-        out: Optional[Path] = typer.Option(None, "--out", help="plan v1 JSON (default: stdout)"),
-        problem_out: Optional[Path] = typer.Option(
-            None, "--problem-out", help="write the chosen problem v1 (partition in metadata)"),
-        solve_top: int = typer.Option(2, "--solve-top", help="optimize the best N candidates"),
+        spec: Annotated[Path, typer.Argument(metavar="SPEC.json", help="model/hardware/training spec")],
+        time_limit: Annotated[float, typer.Option("--time-limit", help="seconds for search + optimizer")] = 10.0,
+        out: Annotated[Path | None, typer.Option("--out", help="plan v1 JSON (default: stdout)")] = None,
+        problem_out: Annotated[Path | None, typer.Option(
+            "--problem-out", help="write the chosen problem v1 (partition in metadata)")] = None,
+        solve_top: Annotated[int, typer.Option("--solve-top", min=0, help="optimize the best N candidates")] = 2,
     ) -> None:
         """Search partition x placement x schedule for SPEC, optimize the best; print the candidate
         table on stderr and write the plan v1 (and the problem v1 it belongs to)."""
         from pydantic import ValidationError
 
+        from pipeplan.io import fail, read_json, write_json
         from planner.adaptive import plan_adaptive
         from planner.bounds import MemoryInfeasibleError
         from planner.contract import error_messages
         from planner.costmodel import Spec, is_problem_document
-        from pipeplan.io import fail, read_json, write_json
 
         if time_limit <= 0:
             fail("--time-limit: must be > 0")
