@@ -252,8 +252,8 @@ def _live_ctx(request: Request, repo, key: str, problem: Problem, plan: Plan,
         "gap": views.fmt_pct(plan.gap),
         "bubble": views.fmt_pct(plan.bubble_ratio),
         "speedup": views.speedup_over(one.makespan_ms, plan.makespan_ms),
-        "speedup_note": (f"1F1B {views.fmt_ms(one.makespan_ms)} at same memory" if one.makespan_ms
-                         else (one.detail or one.note)),
+        "speedup_note": (f"{one.detail or '1F1B'} {views.fmt_ms(one.makespan_ms)} at same memory"
+                         if one.makespan_ms else (one.detail or one.note)),
         "peak": views.fmt_mib(peak),
         "peak_note": "no limits" if headroom is None else f"min headroom {views.fmt_mib(max(0.0, headroom))}",
         "job_state": job_state,

@@ -63,7 +63,14 @@ class OneF1B:
 
     makespan_ms: float | None
     note: str  # "" when there is a makespan; else "1F1B OOM", "n/a", …
-    detail: str = ""
+    detail: str = ""  # why there is none; or, with a makespan, which schedule ("interleaved 1F1B")
+    hardware: str = ""  # the cost model's hardware name, when the problem came from a spec
+
+
+def hardware_of(problem: Problem) -> str:
+    meta = problem.metadata if isinstance(problem.metadata, dict) else {}
+    hw = meta.get("hardware")
+    return str(hw.get("name", "")) if isinstance(hw, dict) else str(hw or "")
 
 
 @dataclass(frozen=True)
@@ -83,18 +90,26 @@ def _baselines_module():
 
 
 def compute_one_f_one_b(problem: Problem) -> OneF1B:
+    figure = _one_f_one_b(problem)
+    return OneF1B(figure.makespan_ms, figure.note, figure.detail, hardware_of(problem))
+
+
+def _one_f_one_b(problem: Problem) -> OneF1B:
+    """1F1B, or with several stages per device its interleaved form (Megatron's schedule for them)."""
     mod = _baselines_module()
     if mod is None:
         return OneF1B(None, "n/a", "planner.baselines is not installed")
+    name = "1f1b" if problem.chunks == 1 else "interleaved-1f1b"
+    label = "1F1B" if name == "1f1b" else "interleaved 1F1B"
     try:
-        plan = mod.run_baseline(problem, "1f1b")
+        plan = mod.run_baseline(problem, name)
     except getattr(mod, "DoesNotFit", ()) as exc:
-        return OneF1B(None, "1F1B OOM", f"1F1B does not fit the memory limit: {exc}")
+        return OneF1B(None, "1F1B OOM", f"{label} does not fit the memory limit: {exc}")
     except getattr(mod, "NotApplicable", ()) as exc:
-        return OneF1B(None, "n/a", f"1F1B does not apply: {exc}")
+        return OneF1B(None, "n/a", f"{label} does not apply: {exc}")
     except Exception as exc:  # a baseline bug must not take the dashboard down
-        return OneF1B(None, "error", f"1F1B failed: {exc}")
-    return OneF1B(plan.makespan_ms, "")
+        return OneF1B(None, "error", f"{label} failed: {exc}")
+    return OneF1B(plan.makespan_ms, "", label)
 
 
 def _result_fields(result: Any) -> tuple[str, Plan | None, str]:
@@ -144,11 +159,14 @@ class BaselineCache:
     def table_of(self, key: str, problem: Problem) -> tuple[list[BaselineRow], str]:
         def compute():
             rows, note = compute_baselines(problem)
-            one = next((r for r in rows if r.name == "1f1b"), None)
+            wanted = "1f1b" if problem.chunks == 1 else "interleaved-1f1b"
+            label = "1F1B" if problem.chunks == 1 else "interleaved 1F1B"
+            one = next((r for r in rows if r.name == wanted), None)
             if one is not None and not self.one_f_one_b.contains(key):  # share the figure
-                self.one_f_one_b.put(key, OneF1B(one.makespan_ms, "") if one.makespan_ms is not None
+                hw = hardware_of(problem)
+                self.one_f_one_b.put(key, OneF1B(one.makespan_ms, "", label, hw) if one.makespan_ms is not None
                                      else OneF1B(None, "1F1B OOM" if "fit" in one.reason.lower() else "n/a",
-                                                 one.reason))
+                                                 one.reason, hw))
             return rows, note
         return self.tables.get_or_compute(key, compute)
 
@@ -198,12 +216,13 @@ def overview_row(item: dict[str, Any], one: OneF1B | None, now: datetime) -> Ove
         speedup, note, title = None, one.note, one.detail or one.note
     else:
         speedup = views.speedup_over(one.makespan_ms, makespan)
-        note, title = "", f"1F1B makespan {views.fmt_ms(one.makespan_ms)} at the same memory limit"
+        note = "" if one.detail in ("", "1F1B") else "interleaved"
+        title = f"{one.detail or '1F1B'} makespan {views.fmt_ms(one.makespan_ms)} at the same memory limit"
     updated = _parse_time(item.get("updated_at"))
     n_dev = int(item["num_devices"])
     return OverviewRow(
         key=item["problem_key"],
-        model=item.get("model") or "",
+        model=" · ".join(x for x in (item.get("model") or "", one.hardware if one else "") if x),
         devices=n_dev,
         microbatches=int(item["num_microbatches"]),
         chunks=int(item.get("stages_per_device") or item.get("num_stages", n_dev) // max(1, n_dev)),

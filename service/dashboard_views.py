@@ -437,7 +437,7 @@ def history_svg(points: Sequence[RevisionPoint], width: int = 560, height: int =
     lo, hi = min(values), max(values)
     pad = max((hi - lo) * 0.15, hi * 0.02, 0.05)  # equal makespan and bound still get a visible band
     lo, hi = max(0.0, lo - pad), hi + pad
-    left, right, top, bottom = 64, 16, 12, 30
+    left, right, top, bottom = 64, 16, 22, 30
     cw, ch = width - left - right, height - top - bottom
 
     def x_of(s: float) -> float:
@@ -458,7 +458,7 @@ def history_svg(points: Sequence[RevisionPoint], width: int = 560, height: int =
         x = _n(x_of(s))
         parts.append(f'<text class="tick" x="{x}" y="{height - 12}">{_tick_label(s, xstep)}</text>')
     parts.append(f'<text class="unit" x="{left + cw}" y="{height - 1}">seconds since revision 1</text>'
-                 f'<text class="unit" x="{left - 6}" y="{top - 2}">ms</text>')
+                 f'<text class="unit" x="{left - 6}" y="{top - 12}">ms</text>')
     mk = [(s, p.makespan_ms) for s, p in zip(secs, pts)]
     lb = [(s, p.lower_bound_ms) for s, p in zip(secs, pts)]
     end = left + cw
