@@ -149,13 +149,13 @@ def reference_grads(problem: Problem, a, weights: list[dict], step: int) -> list
 
 
 # -- where plans come from ----------------------------------------------------------------------------
-def plan_source(problem: Problem, a) -> tuple[OnlinePlan, threading.Event]:
+def plan_source(problem: Problem, a) -> tuple[OnlinePlan, threading.Event, threading.Thread | None]:
     """The service's OnlinePlan, or an embedded one fed by the solver in a background thread."""
     stop = threading.Event()
     store = a.cache_dir or tempfile.mkdtemp(prefix="pipeplan-plans-")
     if a.url:
         return OnlinePlan(PlanClient(a.url), problem, time_budget_s=a.time_budget, store=store,
-                          poll_interval_s=0.5), stop
+                          poll_interval_s=0.5), stop, None
     from planner.baselines import best_heuristic, run_baseline
     from planner.solver import solve
 
@@ -178,8 +178,9 @@ def plan_source(problem: Problem, a) -> tuple[OnlinePlan, threading.Event]:
         except Exception as exc:  # the training keeps its plan
             print(f"[rank 0] embedded solver stopped: {exc}", file=sys.stderr)
 
-    threading.Thread(target=run, name="embedded-solver", daemon=True).start()
-    return online, stop
+    solver = threading.Thread(target=run, name="embedded-solver", daemon=True)
+    solver.start()
+    return online, stop, solver
 
 
 # -- one rank ---------------------------------------------------------------------------------------
@@ -189,7 +190,7 @@ def run_rank(rank: int, world: int, a) -> dict | None:
     problem = build_problem(a)
     if problem.num_devices != world:
         raise SystemExit(f"the problem has {problem.num_devices} devices but {world} ranks run")
-    source, stop = plan_source(problem, a) if rank == 0 else (None, None)
+    source, stop, solver = plan_source(problem, a) if rank == 0 else (None, None, None)
     plan = agree_on_plan(source.current() if source else None)
     stages = make_stages(problem, a)
     mine = problem.stages_of(rank)
@@ -234,7 +235,9 @@ def run_rank(rank: int, world: int, a) -> dict | None:
                 steps.append(check_step(problem, a, step, planned.plan, gathered, new is not None))
     finally:
         if stop is not None:
-            stop.set()
+            stop.set()  # the solver honours it within a second; never exit under a running solver
+            if solver is not None:
+                solver.join(30)
             source.close()
     return {"steps": steps, "problem_key": problem.key()} if rank == 0 else None
 

@@ -1,0 +1,63 @@
+"""`pipeplan serve` (embedded mode: SQLite + in-process worker) as a test subprocess on a free port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Service:
+    """`pipeplan serve` in embedded mode as a subprocess, restartable on the same port and database."""
+
+    def __init__(self, data_dir: Path, port: int | None = None):
+        self.data_dir, self.port = data_dir, port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Service:
+        env = {**os.environ, "PIPEPLAN_DATA_DIR": str(self.data_dir), "PIPEPLAN_SOLVER_WORKERS": "1",
+               "PIPEPLAN_DEFAULT_TIME_BUDGET_S": "2", "PIPEPLAN_EMBEDDED_WORKERS": "1"}
+        for name in ("PIPEPLAN_DATABASE_URL", "PIPEPLAN_REDIS_URL", "PIPEPLAN_API_KEYS"):
+            env.pop(name, None)
+        self.log = open(self.data_dir / f"serve-{self.port}.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from pipeplan.cli import main; main()", "serve", "--port", str(self.port), "--log-level", "warning"],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"pipeplan serve exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"pipeplan serve did not answer within 60 s; see {self.log.name}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+        if getattr(self, "log", None) is not None:
+            self.log.close()
