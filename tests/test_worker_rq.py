@@ -130,16 +130,18 @@ def test_sigkilled_worker_job_is_rerun_by_another_worker(deployment):
         workers[victim].kill()  # SIGKILL the worker's process group, and its work horse (own session)
         os.kill(horse, signal.SIGKILL)
         killed_at = time.monotonic()
-        rerun = wait_for(lambda: (j := repo.job(key)) and j.attempts == 2 and j.state == "solving" and j, 90,
-                         interval=0.5, what="the re-run")
+        rerun = wait_for(lambda: (j := repo.job(key)) and j.attempts == 2 and j, 90, interval=0.5,
+                         what="the re-run")
         latency = time.monotonic() - killed_at
         assert latency <= 90
         assert rerun.worker.startswith(survivor)
         after = repo.best(key)
         assert after.revision >= before.revision and after.makespan_ms <= before.makespan_ms  # nothing lost
         print(f"re-run started {latency:.1f}s after SIGKILL")
-        httpx.post(f"{base}/v1/plans/{key}/cancel", timeout=10)
-        wait_for(lambda: repo.job(key).state == "cancelled", 15, what="cancel of the re-run")
+        httpx.post(f"{base}/v1/plans/{key}/cancel", timeout=10)  # the re-run may also just have converged
+        final = wait_for(lambda: (j := repo.job(key)).state in ("cancelled", "converged") and j, 15,
+                         what="the end of the re-run")
+        assert final.error is None and final.attempts == 2, final
     finally:
         for w in workers.values():
             w.stop()
