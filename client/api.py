@@ -253,7 +253,8 @@ class PlanClient:
                         log.info("no event stream for %s (%s); polling instead", key[:12], exc)
                         sse_ok = False
                         continue
-                    # stream ended cleanly (server restart, proxy): reconnect with resume at once
+                    # the stream ended (server restart, proxy): reconnect with resume, not in a hot loop
+                    stop.wait(self._backoff[0])
                     continue
                 plan, etag = self.get_with_etag(key, etag)
                 failures = 0
