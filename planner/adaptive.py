@@ -302,9 +302,11 @@ def _baselines():
 
 
 def evaluate(spec: Spec, costs: list[LayerCost], placement: str, chunks: int, strategy: str,
-             partition: list[list[int]], schedules: list[str] | None = None) -> Candidate:
+             partition: list[list[int]], schedules: list[str] | None = None,
+             fast: bool = False) -> Candidate:
     """Build the problem of one candidate and time it with the heuristics; keep the fastest plan
-    that fits every device's memory limit."""
+    that fits every device's memory limit. `fast` leaves out the greedy list scheduler (it tries
+    several variants and costs 5-10x the others) unless nothing else fits."""
     b = _baselines()
     cand = Candidate(placement, chunks, strategy, [list(r) for r in partition])
     problem = build_problem(spec, cand.partition, placement, chunks, costs)
@@ -315,9 +317,13 @@ def evaluate(spec: Spec, costs: list[LayerCost], placement: str, chunks: int, st
         cand.note = "memory: " + str(exc).split(": ", 1)[-1][:120]
         return cand
     names = schedules or SCHEDULES["loop1" if chunks == 1 else placement]
+    fallback: list[str] = []
+    if fast and not schedules:
+        fallback = [n for n in names if n == "greedy"]
+        names = [n for n in names if n != "greedy"]
     key = problem.key()
     short: list[str] = []
-    for name in names:
+    for name in _then(names, fallback, cand):
         try:
             plan = b.run_baseline(problem, name, problem_key=key)
         except b.NotApplicable:
@@ -335,6 +341,13 @@ def evaluate(spec: Spec, costs: list[LayerCost], placement: str, chunks: int, st
     else:
         cand.note = "no schedule fits: " + "; ".join(short[:2]) if short else "no applicable schedule"
     return cand
+
+
+def _then(names: list[str], fallback: list[str], cand: Candidate):
+    """`names`, then `fallback` only if none of them produced a plan."""
+    yield from names
+    if cand.plan is None:
+        yield from fallback
 
 
 def _device_busy(problem: Problem, plan: Plan) -> list[float]:
@@ -421,7 +434,7 @@ def _configs(spec: Spec) -> list[tuple[str, int]]:
 
 def search(spec: Spec | dict, budget_s: float = 5.0,
            on_candidate: Callable[[Candidate], None] | None = None, reference: bool = True,
-           min_evaluations: int = 3) -> list[Candidate]:
+           min_evaluations: int = 3, fast: bool = False) -> list[Candidate]:
     """Every candidate evaluated, best first.
 
     1. Build the partitions of every placement and rank them by the analytic `Proxy` (cheap);
@@ -456,7 +469,7 @@ def search(spec: Spec | dict, budget_s: float = 5.0,
     for done, (_, placement, chunks, strategy, ranges) in enumerate(pool):
         if done >= min_evaluations and time.monotonic() > start + 0.6 * budget_s:
             break
-        record(evaluate(spec, costs, placement, chunks, strategy, ranges))
+        record(evaluate(spec, costs, placement, chunks, strategy, ranges, fast=fast))
     fitting = sorted((c for c in evaluated if c.fits and c.strategy != "uniform"),
                      key=lambda c: c.makespan_ms)
     starts, seen_configs = [], set()
@@ -509,7 +522,7 @@ def adaptive_problem(spec: Spec | dict, budget_s: float = 2.0) -> Problem:
     """The problem of the best candidate found by the heuristic search (no optimizer): fast enough to
     answer a request inline. Raises MemoryInfeasibleError when nothing fits."""
     spec = _as_spec(spec)
-    candidates = search(spec, budget_s, reference=False, min_evaluations=2)
+    candidates = search(spec, budget_s, reference=False, min_evaluations=2, fast=True)
     if not candidates or not candidates[0].fits:
         _raise_infeasible(spec, candidates)
     return _finalize(candidates[0].problem, candidates[0])
