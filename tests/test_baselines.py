@@ -152,3 +152,12 @@ def test_compare_lists_every_name():
         assert (row.plan is None) != (row.reason is None)
         if row.plan:
             assert row.plan.makespan_ms >= lower_bound(problem) - 1e-9
+
+
+@pytest.mark.parametrize("case, f1b, h1, auto, zbv", REFERENCE)
+def test_reference_zb_v_hand_made_order(case, f1b, h1, auto, zbv):
+    """ZB-V's hand-made order: the reference on uni, within 1% on het; peak 1p plus one chunk."""
+    p, m, het = case
+    plan = run_baseline(reference_case(p, m, het, chunks=2), "zb-v")
+    assert plan.makespan_ms == pytest.approx(zbv, rel=0.01 if het else 1e-9)
+    assert max(plan.peak_memory_mib) <= p + 0.5

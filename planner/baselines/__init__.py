@@ -14,13 +14,13 @@ from typing import NamedTuple
 from ..bounds import check_memory_feasible
 from ..contract import Plan, Problem
 from .classic import gpipe_orders, interleaved_schedule, one_f_one_b_orders, serialized_schedule
-from ..simulator import Schedule
+from ..simulator import Schedule, ScheduleError
 from ..validator import InvalidPlanError
 from .common import DoesNotFit, NotApplicable, Outcome, evaluate, schedule_of
 from .greedy import greedy_outcome
 from .offload import adaoffload_outcome, pipeoffload_outcome
 from .zero_bubble import (zb_h1_schedule, zb_h2_schedule, zb_v_pattern_schedule, zb_v_schedule,
-                          zb_v_tight_schedule)
+                          zb_v_static_schedule, zb_v_tight_schedule)
 
 NAMES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "greedy", "pipeoffload",
          "adaoffload"]
@@ -56,7 +56,7 @@ def _best_of(problem: Problem, name: str, *builds: Callable[[Problem], Schedule]
     for build in builds:
         try:
             outcome = evaluate(problem, build(problem), name)
-        except (NotApplicable, DoesNotFit) as exc:
+        except (NotApplicable, DoesNotFit, ScheduleError) as exc:
             error = exc
             continue
         if best is None or outcome.makespan < best.makespan - 1e-9:
@@ -72,8 +72,8 @@ _BUILDERS: dict[str, Callable[[Problem], Outcome]] = {
     "interleaved-1f1b": _interleaved,
     "zb-h1": _fixed("zb-h1", zb_h1_schedule),
     "zb-h2": _fixed("zb-h2", zb_h2_schedule),
-    "zb-v": lambda problem: _best_of(problem, "zb-v", zb_v_schedule, zb_v_pattern_schedule,
-                                        zb_v_tight_schedule),
+    "zb-v": lambda problem: _best_of(problem, "zb-v", zb_v_static_schedule, zb_v_schedule,
+                                        zb_v_pattern_schedule, zb_v_tight_schedule),
     "greedy": greedy_outcome,
     "pipeoffload": pipeoffload_outcome,
     "adaoffload": adaoffload_outcome,

@@ -12,7 +12,7 @@ from ..contract import Plan, Problem
 from ..simulator import ScheduleError
 from .classic import serialized_schedule
 from .common import DoesNotFit, NotApplicable, Outcome, better, evaluate
-from .zero_bubble import zb_h1_lean_schedule, zb_h2_schedule
+from .zero_bubble import zb_h1_lean_schedule, zb_h2_schedule, zb_v_static_schedule
 from .engine import EngineConfig, Treat, run_engine
 
 
@@ -106,7 +106,8 @@ def greedy_outcome(problem: Problem) -> Outcome:
             failures.append(exc)
         except ScheduleError:
             continue
-    for label, build in (("greedy(zb-h1 pattern)", zb_h1_lean_schedule), ("greedy(zb-h2 pattern)", zb_h2_schedule)):
+    for label, build in (("greedy(zb-h1 pattern)", zb_h1_lean_schedule), ("greedy(zb-h2 pattern)", zb_h2_schedule),
+                         ("greedy(zb-v pattern)", zb_v_static_schedule)):
         try:  # the unit-cost patterns re-timed: at 1F1B's memory they often beat the adaptive runs
             best = better(best, evaluate(problem, build(problem), label))
         except (NotApplicable, DoesNotFit, ScheduleError):

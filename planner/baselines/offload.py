@@ -17,7 +17,7 @@ from ..simulator import ScheduleError, Timing, simulate
 from .classic import gpipe_orders, interleaved_schedule, one_f_one_b_orders
 from .common import (TOL, DoesNotFit, NotApplicable, Outcome, better, evaluate, over_limit, peaks_of,
                      schedule_of)
-from .zero_bubble import zb_h1_lean_schedule, zb_h2_schedule, zb_v_schedule
+from .zero_bubble import zb_h1_lean_schedule, zb_h2_schedule, zb_v_schedule, zb_v_static_schedule
 
 Orders = list[list[Op]]
 MAX_ROUNDS = 12
@@ -39,12 +39,15 @@ def dense_bases(problem: Problem) -> list[tuple[str, Orders]]:
         ("zb-h1", lambda: _compute(zb_h1_lean_schedule(problem))),
         ("1f1b", lambda: one_f_one_b_orders(problem)),
         ("interleaved-1f1b", lambda: _compute(interleaved_schedule(problem)[0])),
+        ("zb-v", lambda: _compute(zb_v_static_schedule(problem))),
         ("zb-v", lambda: _compute(zb_v_schedule(problem.model_copy(update={
             "devices": [d.model_copy(update={"memory_limit_mib": None}) for d in problem.devices]})))),
         ("gpipe", lambda: gpipe_orders(problem)),
     ]
-    out = []
+    out: list[tuple[str, Orders]] = []
     for name, build in builders:
+        if any(name == have for have, _ in out):
+            continue  # one construction per family
         try:
             out.append((name, build()))
         except (NotApplicable, ScheduleError):

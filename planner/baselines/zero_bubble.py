@@ -8,8 +8,9 @@ too. ZB-V places stage k and 2P-1-k on one device and runs both chunks under 1F1
 from __future__ import annotations
 
 from ..contract import Problem
+from ..ops import Kind, Op
 from ..simulator import Schedule
-from .common import NotApplicable, is_v_placement, require_one_chunk, require_split
+from .common import NotApplicable, is_v_placement, require_one_chunk, require_split, schedule_of
 from .engine import EngineConfig, run_engine
 
 
@@ -96,3 +97,57 @@ def _run(problem: Problem, cfg: EngineConfig, what: str = "zero-bubble") -> Sche
     if schedule is None:
         raise NotApplicable(f"{what}: the list scheduler could not place every op under its caps")
     return schedule
+
+
+def zb_v_static_schedule(problem: Problem) -> Schedule:
+    """ZB-V's hand-made order (after the paper's V schedule), for M >= 2P - 1.
+
+    Device i (chunk 0 = stage i, chunk 1 = stage 2P-1-i): 2(P-i-1) F0; (i+1) x F0 F1;
+    (P-i-1) x B1 W F1; (M-2P+i+1) x F0 B1 W F1 B0 W; (P-i-1) x B1 W F1 B0 W; (i+1) x B1 B0 W;
+    (P-i-1) x W B0; then the remaining W's. W is always the oldest pending one. In the memory model
+    where W holds the activation it peaks at 1F1B's memory plus one chunk activation.
+    """
+    require_split(problem, "zb-v")
+    if not is_v_placement(problem):
+        raise NotApplicable("zb-v needs V placement: 2 stages per device, stage k and 2P-1-k together")
+    p, m = problem.num_devices, problem.num_microbatches
+    if m < 2 * p - 1:
+        raise NotApplicable(f"zb-v's hand-made order needs M >= 2P-1 = {2 * p - 1}")
+    orders: list[list[Op]] = [[] for _ in range(p)]
+    for i in range(p):
+        chunk = {"0": i, "1": 2 * p - 1 - i}
+        count = {"F0": 0, "F1": 0, "B0": 0, "B1": 0}
+        pending: list[Op] = []
+        order = orders[problem.stages[i].device]
+
+        def put(*names: str) -> None:
+            for name in names:
+                if name == "W":
+                    if pending:
+                        order.append(pending.pop(0))
+                    continue
+                k, j = chunk[name[1]], count[name]
+                count[name] += 1
+                if name[0] == "F":
+                    order.append(Op(Kind.F, k, j))
+                else:
+                    order.append(Op(Kind.B, k, j))
+                    pending.append(Op(Kind.W, k, j))
+
+        for _ in range(2 * (p - i - 1)):
+            put("F0")
+        for _ in range(i + 1):
+            put("F0", "F1")
+        for _ in range(p - i - 1):
+            put("B1", "W", "F1")
+        for _ in range(m - 2 * p + i + 1):
+            put("F0", "B1", "W", "F1", "B0", "W")
+        for _ in range(p - i - 1):
+            put("B1", "W", "F1", "B0", "W")
+        for _ in range(i + 1):
+            put("B1", "B0", "W")
+        for _ in range(p - i - 1):
+            put("W", "B0")
+        while pending:
+            put("W")
+    return schedule_of(problem, orders)
