@@ -584,6 +584,11 @@ def _r(x: float) -> float:
     return round(float(x), 4)
 
 
+def _r_pos(x: float) -> float:
+    """As _r, but never 0: the contract needs F and B > 0 (a stage of only an embedding is tiny)."""
+    return max(_r(x), 1e-4)
+
+
 def build_problem(spec: Spec, partition: list[list[int]], placement: str | None = None,
                   chunks: int | None = None, costs: list[LayerCost] | None = None) -> Problem:
     """The problem v1 of `spec` cut at `partition` ([first, end) layer ranges, one per stage) and
@@ -611,10 +616,10 @@ def build_problem(spec: Spec, partition: list[list[int]], placement: str | None 
         device = stage_device(k, t.devices, placement)
         params_on[device] += sum(c.params for c in layer)
         stages.append(Stage(
-            device=device, forward_ms=_r(fwd),
-            backward_input_ms=_r(sum(c.backward_input_ms for c in layer)),
+            device=device, forward_ms=_r_pos(fwd),
+            backward_input_ms=_r_pos(sum(c.backward_input_ms for c in layer)),
             backward_weight_ms=_r(sum(c.backward_weight_ms for c in layer)),
-            recompute_ms=_r(fwd), offload_ms=_r(max(offload, 1e-4)),
+            recompute_ms=_r_pos(fwd), offload_ms=_r(max(offload, 1e-4)),
             activation_mib=_r(act / MIB), weight_grad_mib=_r(min(wg, act) / MIB),
             offloadable_mib=_r(act / MIB), checkpoint_mib=_r(min(ckpt, act) / MIB),
         ))

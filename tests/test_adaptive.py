@@ -3,9 +3,12 @@ limits, answers "partition": "auto", and `pipeplan plan` writes a valid problem 
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from pipeplan.cli import app
@@ -118,3 +121,25 @@ def test_cli_plan_rejects_bad_specs(tmp_path):
     (tmp_path / "oom.json").write_text(json.dumps(small_doc(memory_budget_gib=0.5)))
     result = CliRunner().invoke(app, ["plan", str(tmp_path / "oom.json"), "--time-limit", "1"])
     assert result.exit_code == 2 and "infeasible" in result.stderr
+
+
+@settings(max_examples=25, deadline=None)
+@given(layers=st.integers(4, 30), vocab=st.integers(1000, 400_000), devices=st.integers(2, 6),
+       placement=st.sampled_from(["loop", "v"]), budget=st.sampled_from([None, 3.0, 20.0]))
+def test_partitions_are_valid_and_refinement_never_worsens_the_proxy(layers, vocab, devices, placement, budget):
+    if layers + 2 < 2 * devices:
+        return
+    spec = Spec.model_validate({
+        "model": {"layers": layers, "hidden": 512, "heads": 8, "vocab": vocab, "seq_len": 1024},
+        "hardware": "A100-40GB",
+        "training": {"devices": devices, "microbatches": 8, "memory_budget_gib": budget}})
+    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    proxy = Proxy(spec, costs, placement, 2)
+    for start in (uniform_partition([c.type for c in costs], 2 * devices),
+                  bottleneck_partition(spec, costs, placement, 2)):
+        if start is None:
+            continue
+        ranges = device_balanced_partition(spec, costs, placement, 2, start)
+        assert ranges[0][0] == 0 and ranges[-1][1] == len(costs) and len(ranges) == 2 * devices
+        assert all(b > a for a, b in ranges) and all(x[1] == y[0] for x, y in itertools.pairwise(ranges))
+        assert proxy.score(ranges) <= proxy.score(start)

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from planner.contract import Problem, error_messages
@@ -189,3 +191,29 @@ def test_build_problem_rejects_bad_ranges():
     spec = Spec.model_validate(llama_doc())
     with pytest.raises(ValueError, match="partition"):
         build_problem(spec, [[0, 5], [6, 34]] + [[0, 1]] * 6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(layers=st.integers(2, 24), heads=st.sampled_from([4, 8, 16]), mult=st.integers(8, 64),
+       vocab=st.integers(1000, 300_000), devices=st.integers(1, 6), chunks=st.integers(1, 2),
+       placement=st.sampled_from(["loop", "v"]), pattern=st.booleans())
+def test_random_specs_build_valid_problems_and_balanced_never_loses(
+        layers, heads, mult, vocab, devices, chunks, placement, pattern):
+    chunks = 2 if placement == "v" else chunks
+    model = {"hidden": heads * mult, "heads": heads, "vocab": vocab, "seq_len": 512}
+    if pattern:
+        model["pattern"] = "".join("DM*-"[i % 4] for i in range(layers))
+    else:
+        model["layers"] = layers
+    if layers + 2 < devices * chunks:
+        return
+    doc = {"model": model, "hardware": "H200-141GB",
+           "training": {"devices": devices, "microbatches": 4, "placement": placement, "chunks": chunks}}
+    loads = {}
+    for strategy in ("uniform", "balanced"):
+        problem = problem_from_document({**doc, "partition": strategy})
+        ranges = problem.metadata["partition"]
+        assert ranges[0][0] == 0 and ranges[-1][1] == len(problem.metadata["layers"])
+        assert all(b > a for a, b in ranges) and len(ranges) == devices * chunks
+        loads[strategy] = max(s.forward_ms + s.backward_input_ms + s.backward_weight_ms for s in problem.stages)
+    assert loads["balanced"] <= loads["uniform"] + 1e-3
