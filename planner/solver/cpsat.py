@@ -88,7 +88,8 @@ def sum_of_work(problem: Problem, scale: Scale) -> int:
 def run(problem: Problem, inc: Incumbent, scale: Scale, seconds: float, stop: threading.Event | None,
         workers: int, seed: int = 0, deterministic: bool = False, options: ModelOptions = ModelOptions(),
         free: set | None = None, method: str = "cp-sat", check_hint: bool = False,
-        log_search: bool = False, base: tuple | None = None) -> RunOutcome:
+        log_search: bool = False, base: tuple | None = None, presolve: bool = True,
+        free_ops: set | None = None) -> RunOutcome:
     """Build, hint, solve. `free` set: a large-neighbourhood step around `base` (ticks; default:
     the incumbent's)."""
     started = time.monotonic()
@@ -107,7 +108,7 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, seconds: float, stop: th
         if vals is not None:
             built.hint(vals)
         if free is not None:
-            built.fix_outside(free, starts, choices)
+            built.fix_outside(free, starts, choices, free_ops)
     hint_ok = None
     if check_hint and vals is not None:
         hint_ok = hint_is_feasible(built, seconds=min(10.0, seconds))
@@ -115,6 +116,8 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, seconds: float, stop: th
     remaining = max(0.05, seconds - (time.monotonic() - started))
     solver_params(solver, remaining, workers, seed, deterministic)
     solver.parameters.log_search_progress = log_search
+    # Presolve of a P=32, M=128 model alone takes ~5 s here; hinted big runs skip it.
+    solver.parameters.cp_model_presolve = presolve
     prove = free is None and not options.fifo
     callback = _Callback(built, inc, scale, method, prove)
     done = threading.Event()

@@ -250,9 +250,10 @@ class CpsatModel:
             self.model.add_hint(var, int(value))
 
     def fix_outside(self, free: set[tuple[int, int]], starts: dict[Op, int],
-                    choices: dict[tuple[int, int], Choice]) -> None:
-        """Large-neighbourhood step: ops of pairs outside `free` keep their choices and, per lane,
-        their relative order; only their times may move. Pairs in `free` are unconstrained."""
+                    choices: dict[tuple[int, int], Choice], free_ops: set[Op] | None = None) -> None:
+        """Large-neighbourhood step: pairs outside `free` keep their choices; ops keep, per lane,
+        their relative order (only their times move) unless free: every op of a free pair, or with
+        `free_ops`, just those ops (plus the copies and recomputes of free pairs)."""
         m = self.model
         for (k, i), pv in self.v.items():
             if (k, i) in free:
@@ -263,8 +264,11 @@ class CpsatModel:
             if pv.rc is not None:
                 m.add(pv.rc == int(ch.recompute))
         lanes: dict[tuple[int, str], list[tuple[int, object, int]]] = {}
+        optional = (Kind.OFFLOAD, Kind.RELOAD, Kind.RECOMPUTE)
         for op, s in starts.items():
-            if (op.stage, op.mb) in free:
+            pair_free = (op.stage, op.mb) in free
+            if (free_ops is None and pair_free) or (free_ops is not None and (
+                    op in free_ops or (pair_free and op.kind in optional))):
                 continue
             var = self.start_vars(op.stage, op.mb)[op.kind]
             lane = "d2h" if op.kind is Kind.OFFLOAD else "h2d" if op.kind is Kind.RELOAD else "c"
