@@ -1,0 +1,179 @@
+"""Solution quality benchmark (issue 3): lower bound, every applicable baseline, and the solvers at two
+time limits on a suite of problems; prints a Markdown table.
+
+    .venv/bin/python bench/quality.py                  # full suite, CP-SAT (auto) and MILP at 10 s and 60 s
+    .venv/bin/python bench/quality.py --quick          # short limits (2 s, 5 s), smaller subset
+    .venv/bin/python bench/quality.py --only het-p8    # cases whose name contains the text
+    .venv/bin/python bench/quality.py --limits 20 --engines auto --out table.md
+
+Memory model as in DESIGN.md §4: an activation (100 MiB) is held from F until W; "1p" = P activations
+per device (1F1B's peak on stage 0), "half" = P/2, "quarter" = P/4. `uni`: F=B=W=1, no link cost;
+`het`: F=1, B=1.2, W=0.8, link 0.05; `heavy`: het with first and last stage 1.5x (embedding, LM head).
+Fast offload: a copy takes 1 ms (= a forward); slow: 3 ms. Each solve runs in a forked child so its
+peak RSS is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from planner.baselines import NAMES, DoesNotFit, NotApplicable, run_baseline  # noqa: E402
+from planner.bounds import lower_bound  # noqa: E402
+from planner.contract import Problem  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    p: int
+    m: int
+    costs: str = "het"  # uni | het | heavy
+    memory: str = "1p"  # unlimited | 1p | half | quarter
+    offload: str = "off"  # off | fast | slow
+    recompute: bool = False
+    placement: str = "loop"  # loop | v (2 chunks per device)
+
+
+SUITE = [
+    Case("uni-p4-m8-1p", 4, 8, "uni"),
+    Case("uni-p8-m32-1p", 8, 32, "uni"),
+    Case("uni-p8-m32-unlim", 8, 32, "uni", "unlimited"),
+    Case("uni-p8-m32-half-fast", 8, 32, "uni", "half", "fast"),
+    Case("het-p8-m32-1p", 8, 32),
+    Case("het-p8-m32-unlim", 8, 32, memory="unlimited"),
+    Case("het-p8-m32-half-fast", 8, 32, memory="half", offload="fast"),
+    Case("het-p8-m32-half-slow", 8, 32, memory="half", offload="slow"),
+    Case("het-p8-m32-quarter-fast-rc", 8, 32, memory="quarter", offload="fast", recompute=True),
+    Case("heavy-p8-m16-1p-rc", 8, 16, "heavy", recompute=True),
+    Case("uni-p4-m16-v-1p", 4, 16, "uni", placement="v"),
+    Case("het-p4-m8-half-slow-rc", 4, 8, memory="half", offload="slow", recompute=True),
+    Case("het-p16-m32-1p", 16, 32),
+    Case("het-p16-m64-half-fast", 16, 64, memory="half", offload="fast"),
+    Case("het-p32-m128-1p", 32, 128),
+]
+QUICK = ["uni-p4-m8-1p", "het-p8-m32-1p", "het-p8-m32-half-fast", "het-p4-m8-half-slow-rc"]
+
+
+def make_problem(c: Case) -> Problem:
+    chunks = 2 if c.placement == "v" else 1
+    s = c.p * chunks
+    stages = []
+    for k in range(s):
+        chunk, r = divmod(k, c.p)
+        device = c.p - 1 - r if (c.placement == "v" and chunk % 2) else r
+        f, b, w = (1.0, 1.0, 1.0) if c.costs == "uni" else (1.0, 1.2, 0.8)
+        if c.costs == "heavy" and k in (0, s - 1):
+            f, b, w = 1.5 * f, 1.5 * b, 1.5 * w
+        st = {"device": device, "forward_ms": f, "backward_input_ms": b, "backward_weight_ms": w,
+              "activation_mib": 100.0, "weight_grad_mib": 100.0}
+        if c.offload != "off":
+            st.update(offload_ms=1.0 if c.offload == "fast" else 3.0, offloadable_mib=100.0)
+        if c.recompute:
+            st.update(recompute_ms=f, checkpoint_mib=10.0)
+        stages.append(st)
+    acts = {"unlimited": None, "1p": c.p, "half": c.p / 2, "quarter": c.p / 4}[c.memory]
+    limit = None if acts is None else 1000.0 + 100.0 * acts * chunks
+    return Problem.model_validate({
+        "num_devices": c.p, "num_microbatches": c.m, "p2p_ms": 0.0 if c.costs == "uni" else 0.05,
+        "options": {"split_backward": True, "offload": c.offload != "off", "recompute": c.recompute},
+        "stages": stages,
+        "devices": [{"memory_limit_mib": limit, "static_mib": 1000.0} for _ in range(c.p)],
+    })
+
+
+def _solve_child(case: Case, seconds: float, engine: str, conn) -> None:
+    from planner.solver import solve
+
+    problem = make_problem(case)
+    try:
+        r = solve(problem, seconds, engine=engine, seed=0)
+        conn.send({"makespan": r.plan.makespan_ms, "bubble": r.plan.bubble_ratio, "gap": r.plan.gap,
+                   "status": r.status, "first": r.time_to_first_s, "seed": r.seed_method,
+                   "bound": r.solver_bound_ms, "notes": r.notes, "method": r.plan.method,
+                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                   "history": r.history})
+    except Exception as exc:  # noqa: BLE001 - report it in the table
+        conn.send({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def run_solver(case: Case, seconds: float, engine: str) -> dict:
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_solve_child, args=(case, seconds, engine, child))
+    proc.start()
+    out = parent.recv() if parent.poll(seconds + 120) else {"error": "no answer"}
+    proc.join(timeout=10)
+    return out
+
+
+def baselines(problem: Problem) -> dict[str, float | str]:
+    out: dict[str, float | str] = {}
+    for name in NAMES:
+        try:
+            out[name] = run_baseline(problem, name).makespan_ms
+        except NotApplicable:
+            continue
+        except DoesNotFit:
+            out[name] = "oom"
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="limits 2 s and 5 s on a small subset")
+    ap.add_argument("--only", default=None, help="only cases whose name contains this text")
+    ap.add_argument("--limits", default=None, help="comma-separated seconds (default 10,60)")
+    ap.add_argument("--engines", default="auto,milp", help="comma-separated engines (default auto,milp)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table here")
+    args = ap.parse_args(argv)
+    limits = [float(x) for x in (args.limits or ("2,5" if args.quick else "10,60")).split(",")]
+    engines = args.engines.split(",")
+    cases = [c for c in SUITE if (not args.quick or c.name in QUICK) and (not args.only or args.only in c.name)]
+    cols = [f"{'cp-sat' if e == 'auto' else e} @{t:g}s" for e in engines for t in limits]
+    lines = ["| case | LB | best baseline | baselines (makespan) | " + " | ".join(cols)
+             + " | bubble | gap | first plan | peak RSS |",
+             "|---|---|---|---|" + "---|" * len(cols) + "---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    for case in cases:
+        problem = make_problem(case)
+        lb = lower_bound(problem)
+        base = baselines(problem)
+        numeric = {k: v for k, v in base.items() if isinstance(v, float)}
+        best = min(numeric.items(), key=lambda kv: kv[1]) if numeric else ("-", float("nan"))
+        cells, last = [], None
+        for engine in engines:
+            for t in limits:
+                started = time.monotonic()
+                r = run_solver(case, t, engine)
+                if "error" in r:
+                    cells.append(f"error: {r['error'][:60]}")
+                    continue
+                mark = "*" if r["status"] == "optimal" else ""
+                declined = any(n.startswith("milp declined") for n in r["notes"])
+                cells.append("too big" if declined else f"{r['makespan']:.2f}{mark}")
+                if engine == engines[0]:
+                    last = r
+                print(f"  [{case.name} {engine} {t:g}s took {time.monotonic() - started:.1f}s:"
+                      f" {r['makespan']:.3f} {r['status']}; {'; '.join(r['notes'])}]", file=sys.stderr, flush=True)
+        basetxt = ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in base.items())
+        tail = ("| - | - | - | - |" if last is None else
+                f"| {last['bubble']:.3f} | {100 * last['gap']:.2f}% | {last['first']:.2f}s | {last['rss_mib']:.0f} MiB |")
+        line = (f"| {case.name} | {lb:.2f} | {best[0]} {best[1]:.2f} | {basetxt} | " + " | ".join(cells) + " " + tail)
+        lines.append(line)
+        print(line, flush=True)
+    print("\n* = proven optimal. bubble, gap (to max(LB, solver bound)), first plan and RSS: first engine's"
+          " longest run.", flush=True)
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
