@@ -335,6 +335,15 @@ def evaluate(spec: Spec, costs: list[LayerCost], placement: str, chunks: int, st
         cand.schedules_tried[name] = plan.makespan_ms
         if cand.plan is None or plan.makespan_ms < cand.plan.makespan_ms - 1e-9:
             cand.plan, cand.schedule = plan, name
+    if cand.plan is None and not schedules:
+        # none of the usual schedules fits, yet the budget is feasible (checked above): the baselines'
+        # best_heuristic always finds a plan then (down to the serialized schedule)
+        try:
+            cand.plan = b.best_heuristic(problem, problem_key=key)
+            cand.schedule = next((n for n in sorted(b.NAMES, key=len, reverse=True)
+                                  if cand.plan.method.startswith(n)), cand.plan.method.split(" ")[0])
+        except MemoryInfeasibleError:
+            pass
     if cand.plan is not None:
         cand.makespan_ms = cand.plan.makespan_ms
         cand.peak_memory_mib = list(cand.plan.peak_memory_mib)
@@ -391,7 +400,7 @@ def local_search(spec: Spec, costs: list[LayerCost], start: Candidate, deadline:
     schedule through the simulator; stops at a local optimum or the deadline."""
     best, tried = start, []
     seen = {tuple(map(tuple, start.partition))}
-    names = [start.schedule] if start.schedule else None
+    names = [start.schedule] if start.schedule in _baselines().NAMES else None
     improved = True
     while improved and time.monotonic() < deadline:
         improved = False
@@ -506,9 +515,8 @@ def _raise_infeasible(spec: Spec, candidates: list[Candidate]) -> None:
     if best_needed is None:
         raise ValueError("adaptive: no candidate could be built")
     needed, limits = best_needed
-    if all(n <= lim for n, lim in zip(needed, limits)):
-        # feasible in principle (offload/recompute could fit) but no heuristic found a fitting plan
-        raise MemoryInfeasibleError([max(n, lim * 1.0001) for n, lim in zip(needed, limits)], limits)
+    if all(n <= lim for n, lim in zip(needed, limits)):  # cannot happen: best_heuristic always fits then
+        raise ValueError("adaptive: no schedule found for any candidate although memory suffices")
     raise MemoryInfeasibleError(needed, limits)
 
 
