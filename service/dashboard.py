@@ -80,7 +80,7 @@ COLUMNS = [
     ("Key", None, False), ("Configuration", "num_devices", False), ("Makespan", "makespan_ms", True),
     ("Lower bound", None, True), ("Gap", "gap", True), ("Bubble", "bubble_ratio", True),
     ("vs 1F1B", None, True), ("Rev", "revision", True), ("Refine job", None, False),
-    ("Last improvement", "updated_at", False),
+    ("Improved", "updated_at", False),
 ]
 
 

@@ -267,6 +267,12 @@ def gantt_svg(problem: Problem, plan: Plan, chart_w: float = CHART_W) -> str:
                        f' aria-label="Gantt chart of plan revision {plan.revision}"')]
     parts += _axis(t0, t1, chart_w, AXIS_H - 4, layout.height - 4, AXIS_H - 8)
     by_device = {dp.device: dp for dp in plan.devices}
+    # With several stages per device (interleaved / V), later chunks are drawn a shade lighter.
+    chunk_class = {}
+    if problem.chunks > 1:
+        for d in range(problem.num_devices):
+            for c, k in enumerate(problem.stages_of(d)):
+                chunk_class[k] = f" c{min(c, 3)}" if c else ""
     for d in range(problem.num_devices):
         y0 = AXIS_H + d * (layout.device_h + DEVICE_GAP)
         parts.append(f'<g class="device" data-device="{d}">'
@@ -281,7 +287,8 @@ def gantt_svg(problem: Problem, plan: Plan, chart_w: float = CHART_W) -> str:
             w = max(MIN_BAR_W, (op.end_ms - op.start_ms) * scale)
             y = y0 + lane_y[lane]
             parts.append(
-                f'<rect class="op {op.kind}" x="{_n(x)}" y="{y}" width="{_n(w)}" height="{lane_h[lane]}"'
+                f'<rect class="op {op.kind}{chunk_class.get(op.stage, "")}" x="{_n(x)}" y="{y}" width="{_n(w)}"'
+                f' height="{lane_h[lane]}"'
                 f' data-o="{op.kind},{op.stage},{op.mb},{_t(op.start_ms)},{_t(op.end_ms)}"/>')
             if label_bars and lane is Lane.COMPUTE and w >= LABEL_MIN_W:
                 labels.append(f'<text class="mb" x="{_n(x + w / 2)}" y="{y + 15}">{op.mb}</text>')

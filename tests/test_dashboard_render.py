@@ -187,3 +187,16 @@ def test_history_with_makespan_equal_to_bound_up_to_float_noise_terminates():
     svg = views.history_svg([views.RevisionPoint(1, t0, 27.150000000000002, 27.15)])
     assert svg.count("<circle") == 1
     assert views._ticks(27.15, 27.150000000000002) == [27.15]
+
+
+def test_later_chunks_of_a_v_placement_are_marked():
+    base = make_problem(2, 3)
+    stage = base.stages[0]
+    problem = base.model_copy(update={"stages": [stage.model_copy(update={"device": d}) for d in (0, 1, 1, 0)]})
+    problem = type(base).model_validate(problem.model_dump())
+    plan = gpipe_plan(problem)
+    rects = _op_rects(views.gantt_svg(problem, plan))
+    assert len(rects) == op_count(plan)
+    for r in rects:
+        stage_of = int(r.get("data-o").split(",")[1])
+        assert ("c1" in r.get("class").split()) == (stage_of in (2, 3)), r.attrib
