@@ -140,3 +140,19 @@ def test_durations_without_an_exact_tick_scale_still_give_valid_plans():
     assert validate_plan(problem, result.plan) == []
     assert result.plan.makespan_ms <= seed.makespan_ms
     assert result.status == "feasible" or result.plan.makespan_ms <= result.lower_bound_ms + 1e-6
+
+
+def test_stop_during_seeding_of_a_big_problem_returns_the_first_plan_quickly():
+    problem = het(p=16, m=64, limit=1600.0)
+    stop = threading.Event()
+    seen = []
+
+    def first(plan):
+        seen.append(plan)
+        stop.set()  # ask to stop as soon as anything is there
+
+    started = time.monotonic()
+    result = solve(problem, 60.0, on_improvement=first, stop=stop, workers=1)
+    assert time.monotonic() - started < 3.0
+    assert result.plan.makespan_ms == seen[-1].makespan_ms
+    assert validate_plan(problem, result.plan) == []

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..bounds import MemoryInfeasibleError, check_memory_feasible, lower_bound
+from ..bounds import check_memory_feasible, lower_bound
 from ..contract import Plan, Problem
 from ..simulator import build_plan, schedule_from_plan, simulate
 from ..validator import validate_plan
@@ -93,8 +93,6 @@ def _seed(problem: Problem, key: str, hint: Plan | None, inc: Incumbent, notes: 
     if inc.plan is None:
         try:
             inc.offer(best_heuristic(problem, problem_key=key))  # its serialized fallback always fits
-        except MemoryInfeasibleError:
-            raise
         except Exception as exc:  # noqa: BLE001
             log.exception("best_heuristic failed")
             notes.append(f"best_heuristic failed: {exc}")
@@ -127,7 +125,13 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
     workers = max(1, workers or default_workers())
     notes: list[str] = []
     inc = Incumbent(problem, key, on_improvement, started)
-    _seed(problem, key, hint, inc, notes, stop)
+    seeding = threading.Thread(target=_seed, args=(problem, key, hint, inc, notes, stop), daemon=True)
+    seeding.start()
+    while seeding.is_alive():  # a big problem's baselines take seconds: keep honouring stop
+        seeding.join(timeout=0.1)
+        if stop is not None and stop.is_set() and inc.plan is not None:
+            notes.append("stopped while seeding")
+            break
     seed_method = inc.plan.method if inc.plan else "none"
     lb = lower_bound(problem)
     scale = scale_for(problem)
@@ -138,6 +142,7 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
     if not proven and not (stop is not None and stop.is_set()):
         solver_bound, proven = _run_engine(chosen, problem, inc, scale, deadline, stop, workers, seed,
                                            deterministic, notes)
+    inc.close()
     if inc.plan is None:
         raise RuntimeError("no valid plan was found (no heuristic seed and the solver found none)")
     best = inc.plan

@@ -30,7 +30,8 @@ class Incumbent:
         self.callback_errors = 0
         self.rejected = 0
         self.solver_bound: float | None = None  # best proven bound of a whole-problem model (ms)
-        self._lock = threading.Lock()
+        self.closed = False
+        self._lock = threading.RLock()
 
     @property
     def makespan(self) -> float:
@@ -40,12 +41,20 @@ class Incumbent:
         with self._lock:
             self.solver_bound = max(self.solver_bound or 0.0, bound_ms)
 
+    def close(self) -> None:
+        """After the solve returns, late offers (a seeding thread still running) are ignored."""
+        with self._lock:
+            self.closed = True
+
     def offer(self, plan: Plan | None, ticks=None) -> bool:
-        """Take `plan` if it is valid and strictly faster; tell the caller. Never raises."""
+        """Take `plan` if it is valid and strictly faster; tell the caller. Never raises.
+
+        The callback runs under the lock so that the caller sees plans in strictly improving order
+        even when a seeding thread and a solver offer at once."""
         if plan is None:
             return False
         with self._lock:
-            if plan.makespan_ms >= self.makespan - EPS_MS:
+            if self.closed or plan.makespan_ms >= self.makespan - EPS_MS:
                 return False
             if self.solver_bound is not None and (plan.solver_bound_ms or 0.0) < self.solver_bound:
                 plan = plan.model_copy(update={"solver_bound_ms": min(self.solver_bound, plan.makespan_ms)})
@@ -60,10 +69,10 @@ class Incumbent:
             self.history.append((elapsed, plan.makespan_ms))
             if self.first_at is None:
                 self.first_at = elapsed
-        if self.on_improvement is not None:
-            try:
-                self.on_improvement(plan)
-            except Exception:  # noqa: BLE001 - a caller's bug must not end the solve
-                self.callback_errors += 1
-                log.exception("on_improvement callback raised; solving continues")
+            if self.on_improvement is not None:
+                try:
+                    self.on_improvement(plan)
+                except Exception:  # noqa: BLE001 - a caller's bug must not end the solve
+                    self.callback_errors += 1
+                    log.exception("on_improvement callback raised; solving continues")
         return True
