@@ -200,3 +200,24 @@ def test_later_chunks_of_a_v_placement_are_marked():
     for r in rects:
         stage_of = int(r.get("data-o").split(",")[1])
         assert ("c1" in r.get("class").split()) == (stage_of in (2, 3)), r.attrib
+
+
+def test_key_gated_reads_ask_for_the_key_and_accept_header_or_cookie(dash_app):
+    from pipeplan.settings import Settings
+    from service import dashboard
+
+    app, repo = dash_app
+    app.state.settings = Settings(api_keys=["s3cret", "other"], read_requires_key=True)
+    dashboard.mount(app)
+    problem = make_problem(2, 3)
+    repo.store_first(problem, gpipe_plan(problem), 5.0)
+    with TestClient(app) as client:
+        locked = client.get("/dashboard/")
+        assert locked.status_code == 401 and "API key required" in locked.text
+        assert client.get(f"/dashboard/plans/{problem.key()}").status_code == 401
+        assert client.get("/dashboard/", headers={"X-API-Key": "wrong"}).status_code == 401
+        assert client.get("/dashboard/", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        client.cookies.set("pipeplan_api_key", "other")
+        page = client.get(f"/dashboard/plans/{problem.key()}")
+        assert page.status_code == 200 and 'class="op ' in page.text
+        assert client.get("/dashboard/static/dashboard.js").status_code == 200  # assets stay open
