@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ..bounds import check_memory_feasible
+from ..bounds import check_memory_feasible, lower_bound
 from ..contract import Plan, Problem
 from .classic import gpipe_orders, interleaved_schedule, one_f_one_b_orders, serialized_schedule
 from ..simulator import Schedule, ScheduleError
@@ -117,16 +117,28 @@ def compare(problem: Problem, problem_key: str | None = None) -> list[BaselineRe
     return out
 
 
+LARGE_OPS = 2048  # stages x microbatches above which best_heuristic skips the slow offload baselines
+
+
 def best_heuristic(problem: Problem, problem_key: str | None = None) -> Plan:
     """The fastest applicable baseline plan that fits the memory limits.
 
     Raises bounds.MemoryInfeasibleError when no schedule at all can fit; otherwise always returns a
-    valid plan (the serialized schedule fits any budget at or above bounds.min_memory).
+    valid plan (the serialized schedule fits any budget at or above bounds.min_memory). Stops early
+    at the lower bound; above LARGE_OPS it skips pipeoffload/adaoffload once greedy has a pipelined
+    plan, so the service can call it inline.
     """
     check_memory_feasible(problem)
     key = problem_key or problem.key()
     found: list[Outcome] = []
+    bound = lower_bound(problem)
+    large = problem.num_stages * problem.num_microbatches > LARGE_OPS
     for name in NAMES:
+        if found and min(o.makespan for o in found) <= bound * (1 + 1e-9):
+            break  # provably optimal already
+        if large and name in ("pipeoffload", "adaoffload") and any(
+                not o.method.endswith("(serialized)") for o in found):
+            continue  # on large problems greedy's fitting plan stands; these would cost seconds
         try:
             found.append(_outcome(problem, name))
         except (NotApplicable, DoesNotFit):

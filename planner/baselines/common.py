@@ -117,8 +117,13 @@ class Outcome:
 
 def evaluate(problem: Problem, schedule: Schedule, method: str, timing: Timing | None = None) -> Outcome:
     """Time the schedule and refuse it (DoesNotFit) if it breaks a memory limit."""
-    timing = timing or simulate(problem, schedule)
-    peaks = peaks_of(problem, schedule, timing)
+    memo = getattr(schedule, "_evaluated", None)  # shared (cached) pattern schedules are timed once
+    if timing is None and memo is not None and memo[0] is problem:
+        timing, peaks = memo[1], memo[2]
+    else:
+        timing = timing or simulate(problem, schedule)
+        peaks = peaks_of(problem, schedule, timing)
+        schedule._evaluated = (problem, timing, peaks)  # type: ignore[attr-defined]
     if over_limit(problem, peaks):
         raise does_not_fit(problem, method, peaks)
     return Outcome(problem, schedule, timing, method)

@@ -69,17 +69,29 @@ def greedy_plan(problem: Problem, problem_key: str | None = None) -> Plan:
     return greedy_outcome(problem).plan(problem_key)
 
 
-OPS_BUDGET = 60_000  # engine runs x ops: keeps greedy around a second at P=32, M=128
+OPS_BUDGET = 40_000  # engine runs x ops: bounds greedy to a few engine runs at P=32, M=128
+
+
+PATTERNS = (("greedy(zb-h1 pattern)", zb_h1_lean_schedule), ("greedy(zb-h2 pattern)", zb_h2_schedule),
+            ("greedy(zb-v pattern)", zb_v_static_schedule))
 
 
 def greedy_outcome(problem: Problem) -> Outcome:
     """Fastest fitting variant of the memory-aware engine, else the serialized schedule.
 
-    Variants are tried most-promising first; on large problems only as many as OPS_BUDGET allows
-    (at least two, and always until one fits).
+    The unit-cost zero-bubble patterns (re-timed) are tried first: at 1F1B's memory they are often
+    best. Engine variants follow, most promising first (reducing activations first when no pattern
+    fits the limits); on large problems only as many as OPS_BUDGET allows (at least two, and always
+    until one fits).
     """
     best: Outcome | None = None
-    failures: list[DoesNotFit] = []
+    pattern_fits = False
+    for label, build in PATTERNS:
+        try:
+            best = better(best, evaluate(problem, build(problem), label))
+            pattern_fits = True
+        except (NotApplicable, DoesNotFit, ScheduleError):
+            continue
     treats: list[tuple[str, Treat | None]] = [("", None)]
     limited = any(math.isfinite(problem.limit_of(d)) for d in range(problem.num_devices))
     if limited:
@@ -87,9 +99,11 @@ def greedy_outcome(problem: Problem) -> Outcome:
             t = reducing_treat(problem, mode)
             if t is not None:
                 treats.append((mode, t))
+    reduce_first = limited and not pattern_fits
     tries = [(treat_name, treat, name, cfg) for name, cfg in _variants(problem)
              for treat_name, treat in treats]
-    tries.sort(key=lambda x: ("fill" in x[2], x[2].startswith("mem") is False and problem.chunks > 1))
+    tries.sort(key=lambda x: ("fill" in x[2], (x[0] == "") == reduce_first,
+                              problem.chunks > 1 and not x[2].startswith("mem")))
     ops = 3 * problem.num_stages * problem.num_microbatches
     budget = max(2, OPS_BUDGET // max(1, ops))
     for runs, (treat_name, treat, name, cfg) in enumerate(tries):
@@ -102,15 +116,7 @@ def greedy_outcome(problem: Problem) -> Outcome:
         label = f"greedy({name}{', ' + treat_name if treat_name else ''})"
         try:
             best = better(best, evaluate(problem, schedule, label))
-        except DoesNotFit as exc:
-            failures.append(exc)
-        except ScheduleError:
-            continue
-    for label, build in (("greedy(zb-h1 pattern)", zb_h1_lean_schedule), ("greedy(zb-h2 pattern)", zb_h2_schedule),
-                         ("greedy(zb-v pattern)", zb_v_static_schedule)):
-        try:  # the unit-cost patterns re-timed: at 1F1B's memory they often beat the adaptive runs
-            best = better(best, evaluate(problem, build(problem), label))
-        except (NotApplicable, DoesNotFit, ScheduleError):
+        except (DoesNotFit, ScheduleError):
             continue
     if best is not None:
         return best

@@ -7,11 +7,46 @@ too. ZB-V places stage k and 2P-1-k on one device and runs both chunks under 1F1
 
 from __future__ import annotations
 
+import functools
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+
 from ..contract import Problem
 from ..ops import Kind, Op
 from ..simulator import Schedule
 from .common import NotApplicable, is_v_placement, require_one_chunk, require_split, schedule_of
 from .engine import EngineConfig, run_engine
+
+_CACHE: OrderedDict[tuple[str, str], Schedule | Exception] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 32
+
+
+def cached(build: Callable[[Problem], Schedule]) -> Callable[[Problem], Schedule]:
+    """Memoize a pattern builder per problem: best_heuristic asks for the same pattern several times
+    (as a baseline, as greedy's candidate, as an offload base). Callers never mutate the schedule."""
+
+    @functools.wraps(build)
+    def run(problem: Problem) -> Schedule:
+        key = (build.__name__, problem.canonical_json())
+        with _CACHE_LOCK:
+            hit = _CACHE.get(key)
+        if hit is None:
+            try:
+                hit = build(problem)
+            except NotApplicable as exc:
+                hit = exc
+            with _CACHE_LOCK:
+                _CACHE[key] = hit
+                while len(_CACHE) > _CACHE_SIZE:
+                    _CACHE.popitem(last=False)
+        if isinstance(hit, Exception):
+            raise hit
+        return hit
+
+    return run
+
 
 
 def unit_twin(problem: Problem) -> Problem:
@@ -23,6 +58,7 @@ def unit_twin(problem: Problem) -> Problem:
     return problem.model_copy(update={"stages": stages, "p2p_ms": 0.0})
 
 
+@cached
 def zb_h1_schedule(problem: Problem) -> Schedule:
     """ZB-H1: 1F1B's warm-up, every W deferred into the bubbles (on the unit-cost pattern)."""
     require_split(problem, "zb-h1")
@@ -31,6 +67,7 @@ def zb_h1_schedule(problem: Problem) -> Schedule:
     return _run(unit_twin(problem), EngineConfig(split=True, cap=[s - k for k in range(s)]))
 
 
+@cached
 def zb_h1_lean_schedule(problem: Problem) -> Schedule:
     """ZB-H1 at 1F1B's memory even when W holds the activation: W right after its B except for the
     last S microbatches, whose W's fill the cool-down (the ZB automatic scheduler's answer at 1p)."""
@@ -41,6 +78,7 @@ def zb_h1_lean_schedule(problem: Problem) -> Schedule:
                                                  w_lag=[10**9] * s, w_tail=[s] * s))
 
 
+@cached
 def zb_h2_schedule(problem: Problem) -> Schedule:
     """ZB-H2: twice 1F1B's warm-up so forwards fill the start-up bubble; W's fill the rest."""
     require_split(problem, "zb-h2")
@@ -61,6 +99,7 @@ def one_f_one_b_memory(problem: Problem) -> list[float]:
     return out
 
 
+@cached
 def zb_v_schedule(problem: Problem) -> Schedule:
     require_split(problem, "zb-v")
     if not is_v_placement(problem):
@@ -70,6 +109,7 @@ def zb_v_schedule(problem: Problem) -> Schedule:
     return _run(problem, EngineConfig(split=True, mem_cap=caps, prefer_late_forward=True), "zb-v")
 
 
+@cached
 def zb_v_tight_schedule(problem: Problem) -> Schedule:
     """ZB-V without the later-chunk reserve: denser when it does not block (it may, then N/A)."""
     require_split(problem, "zb-v")
@@ -81,6 +121,7 @@ def zb_v_tight_schedule(problem: Problem) -> Schedule:
                                    chunk_reserve=False), "zb-v")
 
 
+@cached
 def zb_v_pattern_schedule(problem: Problem) -> Schedule:
     """ZB-V's pattern on the unit-cost twin (re-timed with the real costs by the caller)."""
     require_split(problem, "zb-v")
@@ -99,6 +140,7 @@ def _run(problem: Problem, cfg: EngineConfig, what: str = "zero-bubble") -> Sche
     return schedule
 
 
+@cached
 def zb_v_static_schedule(problem: Problem) -> Schedule:
     """ZB-V's hand-made order (after the paper's V schedule), for M >= 2P - 1.
 
