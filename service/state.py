@@ -37,6 +37,7 @@ class ServiceState:
     events: EventBus = None  # type: ignore[assignment]
     listener: RedisListener | None = None
     _cache: dict[str, tuple[BestPlan, float]] = field(default_factory=dict)
+    _inflight: dict[str, asyncio.Future] = field(default_factory=dict)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _locks: list[threading.Lock] = field(default_factory=lambda: [threading.Lock() for _ in range(64)])
 
@@ -103,12 +104,25 @@ class ServiceState:
         cached = self._cache.get(key)
         if not fresh and cached and now - cached[1] < self.settings.plan_cache_ttl_s:
             return cached[0]
-        best = await run_in_threadpool(self.repo.best, key)
-        if best is not None:
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[key] = (best, now)
-        return best
+        pending = self._inflight.get(key)
+        if pending is not None:  # single flight: concurrent misses of one key share one query
+            return await asyncio.shield(pending)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            best = await run_in_threadpool(self.repo.best, key)
+            if best is not None:
+                if len(self._cache) > 10_000:
+                    self._cache.clear()
+                self._cache[key] = (best, time.monotonic())
+            future.set_result(best)
+            return best
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # mark retrieved: waiters (if any) re-raise it themselves
+            raise
+        finally:
+            self._inflight.pop(key, None)
 
     def lock_for(self, key: str) -> threading.Lock:
         return self._locks[hash(key) % len(self._locks)]

@@ -1,0 +1,242 @@
+"""Service benchmark (issue 4): GET throughput and latency at 1/16/64 clients (full plan and 304),
+cold POST to first usable plan, and worker improvement -> SSE client latency.
+
+    .venv/bin/python bench/service.py                 # SQLite file + local Redis db 12, ~1 minute
+    .venv/bin/python bench/service.py --duration 10 --database-url postgresql+psycopg://...
+
+It starts one `pipeplan serve` (uvicorn, one process) on loopback with no worker running, so the
+solver does not compete for the CPU; the bench itself plays the worker for the SSE measurement
+(stores a better revision in SQL and publishes it on Redis, exactly as worker.tasks does). The load
+generator is a minimal keep-alive HTTP/1.1 client on raw asyncio sockets: a Python HTTP library would
+saturate before the server does. Load is bounded (loopback only, a few seconds per step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from planner.contract import Device, Options, Problem, Stage  # noqa: E402
+
+
+def problem(devices: int = 8, microbatches: int = 32, tag: str = "") -> Problem:
+    stages = [Stage(device=d, forward_ms=1.0, backward_input_ms=1.2, backward_weight_ms=0.8,
+                    activation_mib=512.0, weight_grad_mib=128.0) for d in range(devices)]
+    return Problem(num_devices=devices, num_microbatches=microbatches, p2p_ms=0.05,
+                   options=Options(split_backward=True), stages=stages,
+                   devices=[Device(memory_limit_mib=None, static_mib=8000.0) for _ in range(devices)],
+                   metadata={"bench": tag or uuid.uuid4().hex})
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+# -- a minimal keep-alive HTTP/1.1 GET client ----------------------------------------------------
+async def client_loop(host: str, port: int, path: str, headers: str, stop_at: float, lat: list[float],
+                      codes: dict[int, int]) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    request = f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{headers}\r\n".encode()
+    try:
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            if length:
+                await reader.readexactly(length)
+            lat.append(time.perf_counter() - t0)
+            codes[status] = codes.get(status, 0) + 1
+    finally:
+        writer.close()
+
+
+async def load(host: str, port: int, path: str, clients: int, seconds: float, headers: str = "") -> dict:
+    lat: list[float] = []
+    codes: dict[int, int] = {}
+    start = time.perf_counter()
+    await asyncio.gather(*(client_loop(host, port, path, headers, start + seconds, lat, codes)
+                           for _ in range(clients)))
+    elapsed = time.perf_counter() - start
+    return {"clients": clients, "requests": len(lat), "rps": len(lat) / elapsed,
+            "p50_ms": pct(lat, 50) * 1000, "p99_ms": pct(lat, 99) * 1000, "codes": codes}
+
+
+# -- the server ---------------------------------------------------------------------------------
+def start_server(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
+    exe = Path(sys.executable).parent / "pipeplan"
+    proc = subprocess.Popen([str(exe), "serve", "--port", str(port), "--log-level", "warning"], env=env,
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=str(ROOT))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit(f"server did not start; see {log}")
+
+
+def sse_latency(base: str, settings, improvements: int, subscribers: int) -> dict:
+    """Bench plays the worker: store a better revision, publish it; clients time its arrival."""
+    from planner.ops import Kind, Op
+    from planner.simulator import DeviceOrder, Schedule, Timing, build_plan, simulate
+    from service.db import make_engine
+    from service.events import RedisPublisher, revision_message
+    from service.repository import Repository
+
+    p = problem(8, 32)
+    key = p.key()
+    m = p.num_microbatches
+    orders = []
+    for d in range(p.num_devices):
+        o = DeviceOrder(compute=[Op(Kind.F, d, i) for i in range(m)])
+        o.compute += [x for i in range(m) for x in (Op(Kind.B, d, i), Op(Kind.W, d, i))]
+        orders.append(o)
+    schedule = Schedule(orders)
+    base_timing = simulate(p, schedule)
+    t_b = min(s for op, (s, _) in base_timing.times.items() if op.kind != Kind.F)
+
+    def plan_with_delay(delay: float):
+        times = {op: ((s + delay, e + delay) if s >= t_b else (s, e)) for op, (s, e) in base_timing.times.items()}
+        return build_plan(p, schedule, Timing(times, base_timing.choices), method="bench")
+
+    engine = make_engine(settings["database_url"], 2)
+    repo = Repository(engine)
+    publisher = RedisPublisher(settings["redis_url"], f"{settings['queue_name']}:improved")
+    repo.store_first(p, plan_with_delay(improvements + 10.0), 1.0, key=key)
+    plans = [plan_with_delay(improvements + 9.0 - i) for i in range(improvements)]
+    sent: dict[int, float] = {}
+    published: dict[int, float] = {}
+    received: list[float] = []
+    after_publish: list[float] = []
+    ready = threading.Barrier(subscribers + 1)
+    lock = threading.Lock()
+
+    def subscriber() -> None:
+        with httpx.stream("GET", f"{base}/v1/plans/{key}/events", params={"summary": "true"},
+                          timeout=60) as stream:
+            first = True
+            for line in stream.iter_lines():
+                if line.startswith("id:"):
+                    rev = int(line[3:])
+                    now = time.perf_counter()
+                    if first:
+                        first = False
+                        ready.wait()
+                        continue
+                    with lock:
+                        received.append(now - sent[rev])
+                        after_publish.append(now - published[rev])
+                    if rev == improvements + 1:
+                        return
+
+    threads = [threading.Thread(target=subscriber, daemon=True) for _ in range(subscribers)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    time.sleep(0.2)
+    for plan in plans:
+        t0 = time.perf_counter()
+        revision = repo.store_if_better(key, plan, p)  # validate + atomic upsert, as the worker does
+        sent[revision] = t0
+        published[revision] = time.perf_counter()
+        publisher.publish(key, revision_message(key, revision))
+        time.sleep(0.05)
+    for t in threads:
+        t.join(30)
+    engine.dispose()
+    return {"improvements": improvements, "subscribers": subscribers, "events": len(received),
+            "p50_ms": pct(received, 50) * 1000, "p99_ms": pct(received, 99) * 1000,
+            "max_ms": max(received) * 1000,
+            "publish_to_client_p50_ms": pct(after_publish, 50) * 1000,
+            "publish_to_client_p99_ms": pct(after_publish, 99) * 1000}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=5.0, help="seconds per load step")
+    ap.add_argument("--clients", default="1,16,64")
+    ap.add_argument("--cold-posts", type=int, default=20)
+    ap.add_argument("--improvements", type=int, default=50)
+    ap.add_argument("--subscribers", type=int, default=8)
+    ap.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
+    ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
+    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="pipeplan-bench-"))
+    settings = {"database_url": args.database_url or f"sqlite:///{tmp / 'bench.db'}",
+                "redis_url": args.redis_url, "queue_name": f"bench-{uuid.uuid4().hex[:6]}"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPEPLAN_")}
+    env.update({f"PIPEPLAN_{k.upper()}": v for k, v in settings.items()})
+    env["PIPEPLAN_AUTO_MIGRATE"] = "true"
+    env["PYTHONPATH"] = str(ROOT)
+    base = f"http://127.0.0.1:{args.port}"
+    server = start_server(env, args.port, tmp / "server.log")
+    results: dict = {"command": " ".join(sys.argv), "cpus": os.cpu_count()}
+    try:
+        # cold POST: cache miss -> best heuristic inline -> stored revision 1 -> response
+        cold = []
+        with httpx.Client(timeout=30) as c:
+            for _ in range(args.cold_posts):
+                doc = {"problem": problem(8, 32).model_dump(mode="json"), "time_budget_s": 1}
+                t0 = time.perf_counter()
+                r = c.post(f"{base}/v1/plans", json=doc)
+                cold.append(time.perf_counter() - t0)
+                assert r.status_code == 201, r.text
+            key = r.json()["problem_key"]
+            size = len(c.get(f"{base}/v1/plans/{key}").content)
+            etag = c.get(f"{base}/v1/plans/{key}").headers["etag"]
+        results["cold_post"] = {"n": len(cold), "p50_ms": pct(cold, 50) * 1000, "p99_ms": pct(cold, 99) * 1000,
+                                "max_ms": max(cold) * 1000}
+        print(f"cold POST P=8 M=32 (n={len(cold)}): p50 {results['cold_post']['p50_ms']:.0f} ms, "
+              f"p99 {results['cold_post']['p99_ms']:.0f} ms")
+        path = f"/v1/plans/{key}"
+        results["get_plan_bytes"] = size
+        for name, headers in (("get_200", ""), ("get_304", f"If-None-Match: {etag}\r\n")):
+            results[name] = []
+            for n in (int(x) for x in args.clients.split(",")):
+                res = asyncio.run(load("127.0.0.1", args.port, path, n, args.duration, headers))
+                results[name].append(res)
+                print(f"{name} ({size} B plan) clients={n:>3}: {res['rps']:7.0f} req/s  p50 {res['p50_ms']:6.1f} ms"
+                      f"  p99 {res['p99_ms']:6.1f} ms  codes {res['codes']}")
+        results["sse"] = sse_latency(base, settings, args.improvements, args.subscribers)
+        s = results["sse"]
+        print(f"improvement -> SSE ({s['subscribers']} subscribers, {s['events']} events): p50 {s['p50_ms']:.1f} ms, "
+              f"p99 {s['p99_ms']:.1f} ms, max {s['max_ms']:.1f} ms; of which publish -> client p50 "
+              f"{s['publish_to_client_p50_ms']:.1f} ms, p99 {s['publish_to_client_p99_ms']:.1f} ms")
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
