@@ -16,13 +16,13 @@ import hmac
 import math
 import time
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlencode
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
@@ -146,7 +146,7 @@ def _load_problem(repo) -> Any:
 def _rows(repo, items: list[dict[str, Any]], budget_s: float) -> list[data.OverviewRow]:
     keys = [item["problem_key"] for item in items]
     figures = data.fill_one_f_one_b(BASELINES, keys, _load_problem(repo), budget_s)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return [data.overview_row(item, figures.get(item["problem_key"]), now) for item in items]
 
 
@@ -233,7 +233,7 @@ def _live_ctx(request: Request, repo, key: str, problem: Problem, plan: Plan,
     job = repo.job(key)
     one = (BASELINES.one_f_one_b_of(key, problem) if compute_baselines
            else BASELINES.one_f_one_b.get(key) or data.OneF1B(None, "…", "computing 1F1B…"))
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     peak = max(plan.peak_memory_mib, default=0.0)
     limits = [problem.limit_of(d) for d in range(problem.num_devices)]
     headroom = min((lim - p for lim, p in zip(limits, plan.peak_memory_mib) if math.isfinite(lim)), default=None)

@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from planner.contract import Plan, Problem
@@ -107,7 +107,7 @@ def _one_f_one_b(problem: Problem) -> OneF1B:
         return OneF1B(None, "1F1B OOM", f"{label} does not fit the memory limit: {exc}")
     except getattr(mod, "NotApplicable", ()) as exc:
         return OneF1B(None, "n/a", f"{label} does not apply: {exc}")
-    except Exception as exc:  # a baseline bug must not take the dashboard down
+    except Exception as exc:  # noqa: BLE001 — a baseline bug must not take the dashboard down
         return OneF1B(None, "error", f"{label} failed: {exc}")
     return OneF1B(plan.makespan_ms, "", label)
 
@@ -134,7 +134,7 @@ def compute_baselines(problem: Problem) -> tuple[list[BaselineRow], str]:
         return [], "Baselines are not available (planner.baselines is not installed)."
     try:
         results = mod.compare(problem)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 — the page still shows the plan without the table
         return [], f"Baselines failed: {exc}"
     rows = []
     for result in results:
@@ -180,7 +180,7 @@ def _parse_time(value: Any) -> datetime | None:
         parsed = datetime.fromisoformat(str(value))
     except ValueError:
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 @dataclass
@@ -310,7 +310,7 @@ class RenderCache:
 def revision_points(revisions: list[dict[str, Any]]) -> list[views.RevisionPoint]:
     points = []
     for r in revisions:
-        when = _parse_time(r.get("created_at")) or datetime.now(timezone.utc)
+        when = _parse_time(r.get("created_at")) or datetime.now(UTC)
         bound = max(r.get("lower_bound_ms") or 0.0, r.get("solver_bound_ms") or 0.0)
         points.append(views.RevisionPoint(int(r["revision"]), when, float(r["makespan_ms"]), bound,
                                           str(r.get("method") or "")))

@@ -453,8 +453,8 @@ def history_svg(points: Sequence[RevisionPoint], width: int = 560, height: int =
     def y_of(v: float) -> float:
         return top + ch - (v - lo) / (hi - lo) * ch
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="history" viewBox="0 0 {width} {height}"'
-             f' width="{width}" height="{height}" role="img" aria-label="Makespan and lower bound by revision">']
+    parts = [_svg_open("history", width, height,
+                       ' role="img" aria-label="Makespan and lower bound by revision"')]
     ystep = nice_step(hi - lo, 4)
     for v in _ticks(lo, hi, 4):
         y = _n(y_of(v))

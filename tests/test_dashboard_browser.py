@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from dashboard_fixtures import make_problem, slow_plan
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -49,7 +48,7 @@ def server(tmp_path_factory):
     })
     cli = Path(sys.executable).with_name("pipeplan")
     cmd = [str(cli)] if cli.exists() else [sys.executable, "-c", "from pipeplan.cli import main; main()"]
-    log = open(data_dir / "serve.log", "w")
+    log = open(data_dir / "serve.log", "w")  # noqa: SIM115 — open for the server's whole life
     proc = subprocess.Popen([*cmd, "serve", "--port", str(port), "--log-level", "warning"], cwd=data_dir,
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -149,7 +148,7 @@ def test_plan_page_draws_exactly_one_bar_per_op(server, page):
     assert page.locator("svg.memory line.mem-limit").count() == problem.num_devices
     # hover: the single delegated handler shows op, stage, microbatch, start and end
     bar = page.locator("svg.gantt rect.op.F").nth(3)
-    kind, stage, mb, start, end = bar.get_attribute("data-o").split(",")
+    _kind, stage, mb, start, end = bar.get_attribute("data-o").split(",")
     bar.hover()
     tip = page.locator("#tip")
     tip.wait_for(state="visible")
@@ -208,6 +207,7 @@ def test_a_new_revision_from_the_worker_shows_up_without_a_reload(server, browse
 def test_a_10k_op_plan_page_loads_and_hovers_fast(server, page):
     """One <rect> per op and one delegated handler: the page stays responsive at 10,000+ ops."""
     from dashboard_fixtures import gpipe_plan, op_count
+
     from service.db import make_engine
     from service.repository import Repository
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import re
 import time
 import xml.etree.ElementTree as ET
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from dashboard_fixtures import dashboard_app, gpipe_plan, make_problem, op_count
 from fastapi.testclient import TestClient
 
-from dashboard_fixtures import dashboard_app, gpipe_plan, make_problem, op_count
 from service import dashboard_views as views
 from service.dashboard_data import page_links
 
@@ -88,7 +88,7 @@ def test_memory_chart_without_limit_draws_no_limit_line():
 
 
 def test_history_chart_has_a_point_per_revision():
-    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
     points = [views.RevisionPoint(1, t0, 40.0, 30.0, "heuristic"),
               views.RevisionPoint(2, t0 + timedelta(seconds=2), 36.0, 31.0, "cp-sat"),
               views.RevisionPoint(3, t0 + timedelta(seconds=5), 33.5, 32.0, "cp-sat <lns>")]
@@ -183,7 +183,7 @@ def test_overview_lists_sorts_filters_and_paginates(dash_app):
 
 
 def test_history_with_makespan_equal_to_bound_up_to_float_noise_terminates():
-    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
     svg = views.history_svg([views.RevisionPoint(1, t0, 27.150000000000002, 27.15)])
     assert svg.count("<circle") == 1
     assert views._ticks(27.15, 27.150000000000002) == [27.15]

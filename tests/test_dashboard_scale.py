@@ -8,9 +8,8 @@ import re
 import time
 
 import pytest
-from fastapi.testclient import TestClient
-
 from dashboard_fixtures import dashboard_app, gpipe_plan, make_problem, op_count
+from fastapi.testclient import TestClient
 
 N_PLANS = 1000
 
