@@ -184,6 +184,7 @@ def main() -> None:
     ap.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
     ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--http-workers", type=int, default=1, help="uvicorn processes (PIPEPLAN_HTTP_WORKERS)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
 
@@ -193,10 +194,11 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPEPLAN_")}
     env.update({f"PIPEPLAN_{k.upper()}": v for k, v in settings.items()})
     env["PIPEPLAN_AUTO_MIGRATE"] = "true"
+    env["PIPEPLAN_HTTP_WORKERS"] = str(args.http_workers)
     env["PYTHONPATH"] = str(ROOT)
     base = f"http://127.0.0.1:{args.port}"
     server = start_server(env, args.port, tmp / "server.log")
-    results: dict = {"command": " ".join(sys.argv), "cpus": os.cpu_count()}
+    results: dict = {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
     try:
         # cold POST: cache miss -> best heuristic inline -> stored revision 1 -> response
         cold = []
@@ -234,6 +236,9 @@ def main() -> None:
             server.wait(10)
         except subprocess.TimeoutExpired:
             server.kill()
+    results["loadavg_end"] = os.getloadavg()
+    print(f"load average (1 min) at start {results['loadavg_start'][0]:.1f}, at end {results['loadavg_end'][0]:.1f}"
+          f" on {os.cpu_count()} CPUs")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -85,6 +85,10 @@ class Settings(BaseSettings):
     retry_after_s: int = Field(5, description="Retry-After on 503.")
     host: str = "127.0.0.1"
     port: int = 8000
+    http_workers: int = Field(
+        1, ge=1, description="uvicorn processes for `pipeplan serve`; more than 1 needs redis_url (shared"
+        " queue and events).",
+    )
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -40,6 +40,13 @@ def serve(
     mode = "redis queue" if settings.redis_url else f"embedded ({settings.embedded_workers} worker thread(s))"
     typer.echo(f"pipeplan: {settings.resolved_database_url.split('@')[-1]} · {mode} · "
                f"http://{settings.host}:{settings.port}", err=True)
+    if settings.http_workers > 1:
+        if not settings.redis_url:
+            fail("PIPEPLAN_HTTP_WORKERS > 1 needs PIPEPLAN_REDIS_URL: processes must share the queue and events")
+        # Each process builds its own app from the same environment (Settings()), via service.asgi.
+        uvicorn.run("service.asgi:app_from_env", factory=True, host=settings.host, port=settings.port,
+                    workers=settings.http_workers, log_level=log_level, timeout_graceful_shutdown=3)
+        return
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level=log_level,
                             timeout_graceful_shutdown=3, lifespan="on")
     server = uvicorn.Server(config)
