@@ -118,7 +118,12 @@
           current.replaceWith(fresh);
         });
     };
-    listen(base + "/events", function (name, data) { if (data.key) { refreshRow(data.key, true); } });
+    var notice = document.getElementById("new-notice");
+    listen(base + "/events", function (name, data) {
+      if (!data.key) { return; }
+      if (document.getElementById("row-" + data.key)) { refreshRow(data.key, true); }
+      else if (notice && name === "revision") { notice.hidden = false; }
+    });
     /* Rows whose 1F1B figure was not computed within the page's time budget: fill them in, one at a
        time so a page of new configurations does not flood a 2-core server. */
     var pending = Array.prototype.map.call(document.querySelectorAll("tr[data-pending]"),
