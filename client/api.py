@@ -111,12 +111,12 @@ class PlanClient:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.sse_read_timeout_s = sse_read_timeout_s
-        self._retrying = dict(
-            retry=retry_if_exception_type(ServiceUnavailable),
-            stop=stop_after_attempt(retries + 1),
-            wait=_RetryAfterOrBackoff(backoff_s, max_backoff_s),
-            reraise=True,
-        )
+        self._retrying = {
+            "retry": retry_if_exception_type(ServiceUnavailable),
+            "stop": stop_after_attempt(retries + 1),
+            "wait": _RetryAfterOrBackoff(backoff_s, max_backoff_s),
+            "reraise": True,
+        }
         self._backoff = (backoff_s, max_backoff_s)
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s,
                                   transport=transport)
@@ -173,11 +173,10 @@ class PlanClient:
 
     def get(self, key: str, *, etag: str | None = None) -> Plan | None:
         """The best stored plan of `key`; None when `etag` still matches it (304)."""
-        headers = {"If-None-Match": etag} if etag else {}
-        response = self._send("GET", f"/v1/plans/{key}", headers=headers, ok=(200, 304))
-        return None if response.status_code == 304 else Plan.model_validate(response.json())
+        return self.get_with_etag(key, etag)[0]
 
     def get_with_etag(self, key: str, etag: str | None = None) -> tuple[Plan | None, str | None]:
+        """(plan or None when `etag` still matches, the current ETag) for cheap polling."""
         headers = {"If-None-Match": etag} if etag else {}
         response = self._send("GET", f"/v1/plans/{key}", headers=headers, ok=(200, 304))
         new_etag = response.headers.get("etag", etag)

@@ -79,7 +79,7 @@ def _load_csv_text(runtime: _PipelineScheduleRuntime, csv_text: str) -> None:
 class _Offloaded:
     """A saved activation that can live on the device or on the host."""
 
-    __slots__ = ("dev", "host", "device")
+    __slots__ = ("dev", "device", "host")
 
     def __init__(self, tensor: torch.Tensor):
         self.dev: torch.Tensor | None = tensor
@@ -245,7 +245,6 @@ class PlanExecutor:
         if self._recording is not None and self._recording.mode == "recompute":
             self._recording.inputs = (args, kwargs)
             self._recording.rng = _rng_state(args)
-        return None
 
     def _forward(self, k: int, mb: int, forward: Callable, args: tuple, kwargs: dict):
         if (k, mb) in self._offload:

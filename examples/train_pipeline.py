@@ -17,6 +17,7 @@ Under torchrun (RANK/WORLD_SIZE set) it runs as one rank instead of spawning.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -35,9 +36,9 @@ from torch.distributed.pipelining import PipelineStage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from client import OnlinePlan, PlanClient  # noqa: E402
-from client.torch_runtime import agree_on_plan, build_schedule  # noqa: E402
-from planner.contract import Plan, Problem  # noqa: E402
+from client import OnlinePlan, PlanClient
+from client.torch_runtime import agree_on_plan, build_schedule
+from planner.contract import Plan, Problem
 
 HARDWARE = {"name": "cpu", "peak_tflops": 0.01, "mfu": 0.5, "hbm_gib": 1.0, "hbm_gbps": 10,
             "host_link_gbps": 1, "link_gbps": 2}
@@ -121,7 +122,7 @@ def make_stages(problem: Problem, a) -> list[nn.Sequential]:
     if not ranges:  # no partition recorded: even split
         n, s = len(layers), problem.num_stages
         cuts = [round(i * n / s) for i in range(s + 1)]
-        ranges = list(zip(cuts, cuts[1:]))
+        ranges = list(itertools.pairwise(cuts))
     return [nn.Sequential(*layers[lo:hi]) for lo, hi in ranges]
 
 

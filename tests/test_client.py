@@ -9,12 +9,19 @@ import threading
 import time
 
 import pytest
-
-from client import (OnlinePlan, PlanClient, PlanNotFound, PlanRequestError, PlanStore, ServiceUnavailable,
-                    WaitTimeout)
 from core_schedules import make_problem
-from planner.validator import assert_valid
 from service_proc import Service, free_port
+
+from client import (
+    OnlinePlan,
+    PlanClient,
+    PlanNotFound,
+    PlanRequestError,
+    PlanStore,
+    ServiceUnavailable,
+    WaitTimeout,
+)
+from planner.validator import assert_valid
 
 pytest.importorskip("fastapi", reason="the service needs the server extra: pip install -e '.[server]'")
 pytestmark = pytest.mark.integration

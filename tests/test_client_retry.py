@@ -9,9 +9,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from core_schedules import make_problem, one_f_one_b, plan_of
 
 from client import PlanClient, PlanRequestError, ServiceUnavailable
-from core_schedules import make_problem, one_f_one_b, plan_of
 
 
 class Scripted:

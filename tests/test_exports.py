@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from core_schedules import gpipe, make_problem, one_f_one_b, plan_of, problem_doc, serialized
 
 from planner.contract import Plan, Problem
 from planner.exports import chrome_trace, torch_actions, torch_csv, torch_memory_actions
 from planner.ops import Kind
 from planner.validator import assert_valid
-from core_schedules import gpipe, make_problem, one_f_one_b, plan_of, problem_doc, serialized
 
 
 def _plan(problem, schedule) -> Plan:
@@ -59,7 +59,7 @@ def test_csv_rejects_a_plan_for_another_device_count(one_f_one_b_case):
 
 
 def test_memory_actions_list_exactly_the_planned_pairs(v_memory_case):
-    problem, plan = v_memory_case
+    _, plan = v_memory_case
     side = torch_memory_actions(plan)
     planned = {(p.kind, p.stage, p.mb) for d in plan.devices for p in d.ops}
     assert {tuple(x) for x in side["offload"]} == {(k, i) for kind, k, i in planned if kind == "OFFLOAD"}

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("numpy", reason="gloo's shape inference needs numpy")
 
-from service_proc import ROOT, Service  # noqa: E402
+from service_proc import ROOT, Service
 
 pytestmark = [pytest.mark.torch, pytest.mark.integration]
 
@@ -25,7 +25,7 @@ def run_example(tmp_path: Path, *extra: str) -> dict:
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "train_pipeline.py"), "--steps", "3", "--swap-at", "1",
          "--microbatches", "4", "--tight-memory", "--report", str(report), *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(report.read_text())
 

@@ -10,9 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from client.torch_runtime import side_op_positions  # noqa: E402
-from planner.ops import Kind  # noqa: E402
-from torch_ranks import planned, problem_for, reference_grads, spawn  # noqa: E402
+from torch_ranks import planned, problem_for, reference_grads, spawn
+
+from client.torch_runtime import side_op_positions
+from planner.ops import Kind
 
 pytestmark = pytest.mark.torch
 
