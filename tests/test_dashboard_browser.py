@@ -186,8 +186,13 @@ def test_a_new_revision_from_the_worker_shows_up_without_a_reload(server, browse
     page.evaluate("window.__sameDocument = 'yes'")
     assert page.locator("#m-revision").inner_text() == "1"
     page.wait_for_function("document.getElementById('live-dot').classList.contains('on')", timeout=10_000)
+    page.fill("#api-key", "key-from-the-box")  # kept in localStorage, sent with refine / cancel
+    page.dispatch_event("#api-key", "change")
     page.fill("#refine-budget", "3")
-    page.click("button[data-action=refine]")
+    with page.expect_request(lambda r: r.url.endswith("/refine") and r.method == "POST") as sent:
+        page.click("button[data-action=refine]")
+    assert sent.value.headers.get("x-api-key") == "key-from-the-box"
+    assert sent.value.post_data_json == {"time_budget_s": 3}
     page.wait_for_function("parseInt(document.getElementById('m-revision').textContent) > 1", timeout=60_000)
     assert page.evaluate("window.__sameDocument") == "yes"  # updated in place, not reloaded
     best = httpx.get(f"{server['base']}/v1/plans/{key}", timeout=10).json()
