@@ -79,7 +79,8 @@ class Settings(BaseSettings):
     read_requires_key: bool = Field(False, description="Key-gate reads too (when api_keys is set).")
     max_body_bytes: int = Field(2_000_000, description="Larger request bodies get 413.")
     long_poll_max_s: float = Field(60.0, description="Cap on ?wait= for GET /v1/plans/{key}.")
-    sse_keepalive_s: float = Field(15.0, description="Comment line sent on idle SSE streams.")
+    sse_keepalive_s: float = Field(
+        15.0, description="Keep-alive period of the dashboard's SSE streams (the API's: FastAPI's 15 s).")
     sse_poll_s: float = Field(5.0, description="SSE re-checks the database this often (missed events).")
     plan_cache_ttl_s: float = Field(1.0, description="In-process cache of the best plan per key.")
     retry_after_s: int = Field(5, description="Retry-After on 503.")
