@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from core_schedules import make_problem
+
 from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, compare, run_baseline
 from planner.bounds import MemoryInfeasibleError, lower_bound, min_memory
 from planner.contract import Problem

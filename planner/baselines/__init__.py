@@ -13,20 +13,34 @@ from typing import NamedTuple
 
 from ..bounds import check_memory_feasible, lower_bound
 from ..contract import Plan, Problem
-from .classic import gpipe_orders, interleaved_schedule, one_f_one_b_orders, serialized_schedule
 from ..simulator import Schedule, ScheduleError
 from ..validator import InvalidPlanError
+from .classic import gpipe_orders, interleaved_schedule, one_f_one_b_orders, serialized_schedule
 from .common import DoesNotFit, NotApplicable, Outcome, evaluate, schedule_of
 from .greedy import greedy_outcome
 from .offload import adaoffload_outcome, pipeoffload_outcome
-from .zero_bubble import (zb_h1_schedule, zb_h2_schedule, zb_v_pattern_schedule, zb_v_schedule,
-                          zb_v_static_schedule, zb_v_tight_schedule)
+from .zero_bubble import (
+    zb_h1_schedule,
+    zb_h2_schedule,
+    zb_v_pattern_schedule,
+    zb_v_schedule,
+    zb_v_static_lean_schedule,
+    zb_v_static_schedule,
+    zb_v_tight_schedule,
+)
 
 NAMES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "greedy", "pipeoffload",
          "adaoffload"]
 
-__all__ = ["NAMES", "NotApplicable", "DoesNotFit", "BaselineResult", "run_baseline", "best_heuristic",
-           "compare"]
+__all__ = [
+    "NAMES",
+    "BaselineResult",
+    "DoesNotFit",
+    "NotApplicable",
+    "best_heuristic",
+    "compare",
+    "run_baseline",
+]
 
 
 def _gpipe(problem: Problem) -> Outcome:
@@ -72,8 +86,8 @@ _BUILDERS: dict[str, Callable[[Problem], Outcome]] = {
     "interleaved-1f1b": _interleaved,
     "zb-h1": _fixed("zb-h1", zb_h1_schedule),
     "zb-h2": _fixed("zb-h2", zb_h2_schedule),
-    "zb-v": lambda problem: _best_of(problem, "zb-v", zb_v_static_schedule, zb_v_schedule,
-                                        zb_v_pattern_schedule, zb_v_tight_schedule),
+    "zb-v": lambda problem: _best_of(problem, "zb-v", zb_v_static_schedule, zb_v_static_lean_schedule,
+                                     zb_v_schedule, zb_v_pattern_schedule, zb_v_tight_schedule),
     "greedy": greedy_outcome,
     "pipeoffload": pipeoffload_outcome,
     "adaoffload": adaoffload_outcome,

@@ -12,8 +12,8 @@ from ..contract import Plan, Problem
 from ..simulator import ScheduleError
 from .classic import serialized_schedule
 from .common import DoesNotFit, NotApplicable, Outcome, better, evaluate
-from .zero_bubble import zb_h1_lean_schedule, zb_h2_schedule, zb_v_static_schedule
 from .engine import EngineConfig, Treat, run_engine
+from .zero_bubble import zb_h1_lean_schedule, zb_h2_schedule, zb_v_static_lean_schedule, zb_v_static_schedule
 
 
 def min_lifetime(problem: Problem, k: int) -> float:
@@ -73,7 +73,8 @@ OPS_BUDGET = 40_000  # engine runs x ops: bounds greedy to a few engine runs at 
 
 
 PATTERNS = (("greedy(zb-h1 pattern)", zb_h1_lean_schedule), ("greedy(zb-h2 pattern)", zb_h2_schedule),
-            ("greedy(zb-v pattern)", zb_v_static_schedule))
+            ("greedy(zb-v pattern)", zb_v_static_schedule),
+            ("greedy(zb-v lean pattern)", zb_v_static_lean_schedule))
 
 
 def greedy_outcome(problem: Problem) -> Outcome:

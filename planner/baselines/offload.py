@@ -15,9 +15,24 @@ from ..contract import Plan, Problem
 from ..ops import BACKWARD_KINDS, Kind, Op
 from ..simulator import ScheduleError, Timing, simulate
 from .classic import gpipe_orders, interleaved_schedule, one_f_one_b_orders
-from .common import (TOL, DoesNotFit, NotApplicable, Outcome, better, evaluate, over_limit, peaks_of,
-                     schedule_of)
-from .zero_bubble import zb_h1_lean_schedule, zb_h2_schedule, zb_v_schedule, zb_v_static_schedule
+from .common import (
+    TOL,
+    DoesNotFit,
+    NotApplicable,
+    Outcome,
+    better,
+    evaluate,
+    over_limit,
+    peaks_of,
+    schedule_of,
+)
+from .zero_bubble import (
+    zb_h1_lean_schedule,
+    zb_h2_schedule,
+    zb_v_schedule,
+    zb_v_static_lean_schedule,
+    zb_v_static_schedule,
+)
 
 Orders = list[list[Op]]
 MAX_ROUNDS = 12
@@ -40,6 +55,7 @@ def dense_bases(problem: Problem) -> list[tuple[str, Orders]]:
         ("1f1b", lambda: one_f_one_b_orders(problem)),
         ("interleaved-1f1b", lambda: _compute(interleaved_schedule(problem)[0])),
         ("zb-v", lambda: _compute(zb_v_static_schedule(problem))),
+        ("zb-v lean", lambda: _compute(zb_v_static_lean_schedule(problem))),
         ("zb-v", lambda: _compute(zb_v_schedule(problem.model_copy(update={
             "devices": [d.model_copy(update={"memory_limit_mib": None}) for d in problem.devices]})))),
         ("gpipe", lambda: gpipe_orders(problem)),
@@ -74,9 +90,7 @@ def _how(problem: Problem, k: int, life: float) -> str | None:
     s = problem.stages[k]
     opts = problem.options
     if opts.offload and s.offloadable_mib > 0 and life > s.offload_ms + s.reload_ms + TOL:
-        if not (opts.recompute and s.activation_mib - s.checkpoint_mib > s.offloadable_mib
-                and s.recompute_ms <= 0):
-            return "offload"
+        return "offload"  # free when the copies hide behind compute; recompute always costs compute
     if opts.recompute and s.activation_mib - s.checkpoint_mib > 0 and k + 1 < problem.num_stages:
         return "recompute"
     return None
