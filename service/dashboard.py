@@ -70,8 +70,9 @@ templates = Jinja2Templates(directory=str(HERE / "templates"))
 router = APIRouter(prefix=PREFIX, tags=["dashboard"], include_in_schema=False)
 gated = [Depends(require_read_key)]
 
+# Baseline figures depend only on the problem, i.e. on its content-addressed key: one process-wide
+# cache is right. Rendered revisions depend on the database behind the app, so each app has its own.
 BASELINES = data.BaselineCache()
-RENDERS = data.RenderCache()
 ASSET_VERSION = str(int(max((STATIC_DIR / n).stat().st_mtime for n in STATIC_FILES)))
 
 # Columns of the overview table: label, sort key understood by Repository.list_plans (None: not
@@ -105,6 +106,13 @@ def _repo(request: Request):
 
 def _hub(request: Request):
     return _state_attr(request, "hub")
+
+
+def _renders(request: Request) -> data.RenderCache:
+    cache = getattr(request.app.state, "dashboard_renders", None)
+    if cache is None:  # first use; a racing second one is merely discarded
+        cache = request.app.state.dashboard_renders = data.RenderCache()
+    return cache
 
 
 def _default_budget(request: Request) -> float:
@@ -228,7 +236,7 @@ def _load_plan(repo, key: str) -> tuple[Problem, Plan]:
 
 def _live_ctx(request: Request, repo, key: str, problem: Problem, plan: Plan,
               compute_baselines: bool = True, zoom: int = 1) -> dict[str, Any]:
-    charts = RENDERS.charts(key, problem, plan, zoom)
+    charts = _renders(request).charts(key, problem, plan, zoom)
     revisions = repo.revisions(key)
     job = repo.job(key)
     one = (BASELINES.one_f_one_b_of(key, problem) if compute_baselines
@@ -335,7 +343,7 @@ def plan_charts(request: Request, key: str, zoom: int = Query(1, ge=1, le=max(da
         stored = repo.revision_plan(key, revision)
         plan = Plan.model_validate_json(stored) if stored else plan
     return templates.TemplateResponse(request, "dashboard/_charts.html", _ctx(
-        request, key=key, plan=plan, c=RENDERS.charts(key, problem, plan, zoom)))
+        request, key=key, plan=plan, c=_renders(request).charts(key, problem, plan, zoom)))
 
 
 # -- live events ----------------------------------------------------------------------------------------
