@@ -122,3 +122,33 @@ def test_chrome_trace_structure_durations_and_memory(v_memory_case):
         assert all(c <= 260.0 + 1e-9 for c in counter)
     assert trace["otherData"]["makespan_ms"] == plan.makespan_ms
     assert any(e["cat"] == Kind.OFFLOAD.value for e in spans)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("placement,chunks,memory", [("loop", 1, None), ("loop", 2, None), ("v", 2, None),
+                                                     ("loop", 1, 0.6)])
+def test_every_baseline_plan_loads_in_torch(placement, chunks, memory):
+    """Whatever heuristic produced a plan (interleaved, zero-bubble, V, offloading), torch accepts it."""
+    pytest.importorskip("torch")
+    from client.torch_runtime import parse_torch_csv
+    from planner.baselines import compare, run_baseline
+
+    doc = problem_doc(p=4, m=8, chunks=chunks, placement=placement, p2p=0.05, offload=True, recompute=True)
+    problem = Problem.model_validate(doc)
+    if memory is not None:  # between the floor and 1F1B's peak: only offload/recompute schedules fit
+        from planner.bounds import min_memory
+
+        peak, floor = run_baseline(problem, "1f1b").peak_memory_mib, min_memory(problem)
+        for d, device in enumerate(doc["devices"]):
+            device["memory_limit_mib"] = floor[d] + memory * (peak[d] - floor[d])
+        problem = Problem.model_validate(doc)
+    plans = [r.plan for r in compare(problem) if r.plan is not None]
+    assert plans, "no baseline applied"
+    if memory is not None:
+        assert any(p.kind in ("OFFLOAD", "RECOMPUTE") for plan in plans for d in plan.devices for p in d.ops)
+    for plan in plans:
+        order, _, stage_to_rank = parse_torch_csv(torch_csv(problem, plan), problem.num_devices,
+                                                  problem.num_stages, problem.num_microbatches)
+        assert stage_to_rank == {k: s.device for k, s in enumerate(problem.stages)}, plan.method
+        assert sum(len(row) for row in order.values()) == sum(
+            1 for d in plan.devices for p in d.ops if p.kind in ("F", "B", "W", "BW")), plan.method
