@@ -243,3 +243,22 @@ def test_embedded_worker_refines_and_cancel_stops_it(tmp_path):
         spans = [r["makespan_ms"] for r in revs]
         assert all(b < a for a, b in zip(spans, spans[1:]))
         assert c.get(f"/v1/plans/{key}").json()["makespan_ms"] == spans[-1] < r.json()["plan"]["makespan_ms"]
+
+
+def test_embedded_restart_resumes_an_interrupted_job(tmp_path):
+    """Shutting the embedded server down mid-solve hands the run back; the next start re-runs it
+    warm from the best stored plan (the SQLite file is the source of truth)."""
+    problem = hard_problem()
+    key = problem.key()
+    with TestClient(app_for(tmp_path, embedded_workers=1, solver_workers=1), raise_server_exceptions=False) as c:
+        c.post("/v1/plans", json={"problem": problem_doc(problem), "time_budget_s": 60})
+        wait_for(lambda: c.get(f"/v1/plans/{key}/job").json()["state"] == "solving", 10, what="solving")
+        time.sleep(1.5)
+    app = app_for(tmp_path, embedded_workers=1, solver_workers=1)
+    assert app.state.pipeplan.settings.data_dir == tmp_path / "data"
+    with TestClient(app, raise_server_exceptions=False) as c:
+        job = c.get(f"/v1/plans/{key}/job").json()
+        assert job["state"] in ("queued", "solving") and job["used_s"] > 1.0
+        wait_for(lambda: c.get(f"/v1/plans/{key}/job").json()["attempts"] == 2, 15, what="the re-run")
+        c.post(f"/v1/plans/{key}/cancel")
+        wait_for(lambda: c.get(f"/v1/plans/{key}/job").json()["state"] == "cancelled", 10, what="cancel")
