@@ -273,8 +273,18 @@ def _live_ctx(request: Request, repo, key: str, problem: Problem, plan: Plan,
     rev_rows = [{"revision": p.revision, "makespan": views.fmt_ms(p.makespan_ms),
                  "bound": views.fmt_ms(p.lower_bound_ms), "method": p.method,
                  "when": views.fmt_age(p.created_at, now)} for p in points]
+    pending = not compute_baselines and not BASELINES.tables.contains(key)
+    baselines, note = ([], "") if pending else _baseline_rows(key, problem, plan)
     return {"key": key, "plan": plan, "m": metrics, "c": charts, "history": views.history_svg(points),
-            "revisions": rev_rows}
+            "revisions": rev_rows, "baselines": baselines, "baselines_note": note,
+            "baselines_pending": pending, "chrome_trace_href": f"/v1/plans/{key}/export/chrome-trace.json"}
+
+
+def _ratio(baseline_ms: float, this_ms: float) -> str:
+    """How this plan compares with a baseline: '1.14× faster', '1.05× slower' or 'as fast'."""
+    if abs(baseline_ms - this_ms) <= 5e-4 * this_ms:
+        return "as fast"
+    return f"{baseline_ms / this_ms:.2f}× faster" if baseline_ms > this_ms else f"{this_ms / baseline_ms:.2f}× slower"
 
 
 def _baseline_rows(key: str, problem: Problem, plan: Plan) -> tuple[list[dict[str, Any]], str]:
@@ -292,9 +302,7 @@ def _baseline_rows(key: str, problem: Problem, plan: Plan) -> tuple[list[dict[st
             "reason_full": e["reason"],
             "makespan": views.fmt_ms(ms) if ms is not None else None,
             "bar": 100.0 * ms / longest if ms else 0.0,
-            "ratio": ("—" if e["this"] else f"{ms / plan.makespan_ms:.2f}× longer" if ms > plan.makespan_ms * 1.0005
-                      else f"{plan.makespan_ms / ms:.2f}× of it" if ms < plan.makespan_ms * 0.9995 else "same")
-            if ms else "",
+            "ratio": _ratio(ms, plan.makespan_ms) if ms and not e["this"] else ("—" if e["this"] else ""),
             "peak": views.fmt_mib(e["peak_mib"]) if e["peak_mib"] is not None else "",
         })
     return (out if rows else []), note
@@ -306,12 +314,10 @@ def plan_page(request: Request, key: str) -> HTMLResponse:
     problem, plan = _load_plan(repo, key)
     # Baselines take seconds on a 10k-op problem the first time: then the page comes first and
     # fetches the table (and the 1F1B figure) right after; later views have both cached.
-    pending = not BASELINES.tables.contains(key)
-    baselines, note = ([], "") if pending else _baseline_rows(key, problem, plan)
+    cached = BASELINES.tables.contains(key)
     return templates.TemplateResponse(request, "dashboard/plan.html", _ctx(
-        request, summary=views.config_summary(problem), baselines=baselines, baselines_note=note,
-        baselines_pending=pending, chrome_trace_href=f"/v1/plans/{key}/export/chrome-trace.json",
-        **_live_ctx(request, repo, key, problem, plan, compute_baselines=not pending),
+        request, summary=views.config_summary(problem),
+        **_live_ctx(request, repo, key, problem, plan, compute_baselines=cached),
     ))
 
 
@@ -329,8 +335,9 @@ def plan_live(request: Request, key: str, zoom: int = Query(1, ge=1, le=max(data
     """The parts of the plan page that change with a new revision or job state."""
     repo = _repo(request)
     problem, plan = _load_plan(repo, key)
-    return templates.TemplateResponse(request, "dashboard/_plan_live.html",
-                                      _ctx(request, **_live_ctx(request, repo, key, problem, plan, zoom=zoom)))
+    return templates.TemplateResponse(request, "dashboard/_plan_live.html", _ctx(
+        request, **_live_ctx(request, repo, key, problem, plan, zoom=zoom,
+                             compute_baselines=BASELINES.tables.contains(key))))
 
 
 @router.get("/plans/{key}/charts", response_class=HTMLResponse, dependencies=gated)

@@ -134,6 +134,7 @@
 
   var planPage = document.getElementById("plan-page");
   if (planPage) {
+    var loadBaselines = function () {};
     var key = planPage.getAttribute("data-key");
     var loading = false, again = false;
     var refreshLive = function () {
@@ -160,6 +161,7 @@
               document.getElementById("action-msg").textContent = said[0];
               document.getElementById("action-msg").className = said[1];
             }
+            loadBaselines();
             var rev = document.getElementById("m-revision");
             if (rev) { planPage.setAttribute("data-revision", rev.textContent.trim()); }
           }
@@ -216,14 +218,22 @@
       if (other && Math.abs(other.scrollLeft - t.scrollLeft) > 1) { other.scrollLeft = t.scrollLeft; }
     }, true);
 
-    var box = document.getElementById("baselines-box");
-    if (box && box.hasAttribute("data-pending")) {
+    /* The baselines table of a problem seen for the first time: computed by its own request, then
+       the live panels are re-fetched (they now carry the table and the 1F1B figure). */
+    var baselinesAsked = false;
+    loadBaselines = function () {
+      var box = document.getElementById("baselines-box");
+      if (!box || !box.hasAttribute("data-pending") || baselinesAsked) { return; }
+      baselinesAsked = true;
       fetch(base + "/plans/" + encodeURIComponent(key) + "/baselines", { headers: { "Accept": "text/html" } })
         .then(function (r) { return r.ok ? r.text() : null; })
         .then(function (html) {
-          if (html) { box.innerHTML = html; box.removeAttribute("data-pending"); refreshLive(); }
+          var now = document.getElementById("baselines-box");
+          if (html && now) { now.innerHTML = html; now.removeAttribute("data-pending"); }
+          refreshLive();
         });
-    }
+    };
+    loadBaselines();
 
     var say = function (text, err) {
       var msg = document.getElementById("action-msg");
