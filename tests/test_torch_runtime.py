@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch_ranks import planned, problem_for, reference_grads, spawn
+from torch_ranks import planned, problem_for, reference_grads, spawn, tight
 
 from client.torch_runtime import side_op_positions
 from planner.ops import Kind
@@ -63,14 +63,24 @@ def test_reload_is_placed_where_the_plan_starts_it():
 
 @pytest.mark.integration
 def test_planned_offload_and_recompute_match_reference_across_swaps_and_placements(tmp_path):
-    """One process start, two jobs: loop placement with B/W split swapping between two plans, and a
-    V placement (stage k and 7-k on one rank, local hand-offs) with full backwards."""
+    """One process start, four jobs: hand-made plans (loop placement with B/W split swapping between
+    two plans; V placement, stage k and 7-k on one rank, with full backwards) and real baseline plans
+    under tight memory limits (adaoffload on an interleaved placement, pipeoffload on zb-v)."""
+    from planner.baselines import run_baseline
+
     loop = problem_for(4, 4)
     first = planned(loop, offload={(0, 0), (0, 2), (1, 1)}, recompute={(1, 0), (2, 3), (3, 1)})
     second = planned(loop, offload={(1, 2), (2, 0)}, recompute={(0, 1), (3, 3)})
     second = second.model_copy(update={"revision": 2})
     v = problem_for(4, 4, chunks=2, placement="v", split=False)
     v_plan = planned(v, offload={(0, 0), (7, 2), (4, 1)}, recompute={(1, 0), (6, 3), (3, 1)})
-    loop_reports, v_reports = spawn([(loop, [first, second]), (v, [v_plan])], str(tmp_path))
-    check_run(loop, [first, second], loop_reports)
-    check_run(v, [v_plan], v_reports)
+    interleaved = tight(problem_for(4, 4, chunks=2), 0.4, "interleaved-1f1b")
+    v_tight = tight(problem_for(4, 4, chunks=2, placement="v"), 0.4, "zb-v")
+    jobs = [(loop, [first, second]), (v, [v_plan]),
+            (interleaved, [run_baseline(interleaved, "adaoffload")]),
+            (v_tight, [run_baseline(v_tight, "pipeoffload")])]
+    for problem, plans in jobs[2:]:
+        assert any(p.kind == "OFFLOAD" for d in plans[0].devices for p in d.ops), plans[0].method
+    reports = spawn(jobs, str(tmp_path))
+    for (problem, plans), report in zip(jobs, reports):
+        check_run(problem, plans, report)

@@ -37,6 +37,18 @@ def problem_for(p: int, m: int, *, chunks: int = 1, placement: str = "loop", spl
         "stages": stages, "devices": [{"memory_limit_mib": None} for _ in range(p)]})
 
 
+def tight(problem: Problem, fraction: float, dense: str) -> Problem:
+    """The problem with limits `fraction` of the way from the least feasible memory to `dense`'s peak."""
+    from planner.baselines import run_baseline
+    from planner.bounds import min_memory
+
+    peak, floor = run_baseline(problem, dense).peak_memory_mib, min_memory(problem)
+    doc = problem.model_dump(mode="json")
+    for d, device in enumerate(doc["devices"]):
+        device["memory_limit_mib"] = floor[d] + fraction * (peak[d] - floor[d])
+    return Problem.model_validate(doc)
+
+
 def planned(problem: Problem, offload: set[tuple[int, int]], recompute: set[tuple[int, int]]) -> Plan:
     """A depth-first (1F1B-like) plan with OFFLOAD/RELOAD and RECOMPUTE on the given (stage, mb) pairs.
 
