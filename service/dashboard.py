@@ -226,11 +226,17 @@ def _list_item(repo, key: str) -> dict[str, Any] | None:
 
 # -- plan page ---------------------------------------------------------------------------------------
 
-def _load_plan(repo, key: str) -> tuple[Problem, Plan]:
+def _load_plan(repo, key: str, revision: int | None = None) -> tuple[Problem, Plan]:
+    """The key's problem and its best plan, or the stored `revision` when one is asked for."""
     problem = repo.get_problem(key)
     plan = repo.best_plan(key) if problem is not None else None
     if problem is None or plan is None:
         raise HTTPException(404, f"no cached plan with key {key}")
+    if revision is not None and revision != plan.revision:
+        stored = repo.revision_plan(key, revision)
+        if stored is None:
+            raise HTTPException(404, f"key {key[:12]} has no revision {revision}")
+        plan = Plan.model_validate_json(stored)
     return problem, plan
 
 
@@ -273,10 +279,11 @@ def _live_ctx(request: Request, repo, key: str, problem: Problem, plan: Plan,
     rev_rows = [{"revision": p.revision, "makespan": views.fmt_ms(p.makespan_ms),
                  "bound": views.fmt_ms(p.lower_bound_ms), "method": p.method,
                  "when": views.fmt_age(p.created_at, now)} for p in points]
+    best_revision = max((p.revision for p in points), default=plan.revision)
     pending = not compute_baselines and not BASELINES.tables.contains(key)
     baselines, note = ([], "") if pending else _baseline_rows(key, problem, plan)
     return {"key": key, "plan": plan, "m": metrics, "c": charts, "history": views.history_svg(points),
-            "revisions": rev_rows, "baselines": baselines, "baselines_note": note,
+            "revisions": rev_rows, "best_revision": best_revision, "baselines": baselines, "baselines_note": note,
             "baselines_pending": pending, "chrome_trace_href": f"/v1/plans/{key}/export/chrome-trace.json"}
 
 
@@ -309,9 +316,9 @@ def _baseline_rows(key: str, problem: Problem, plan: Plan) -> tuple[list[dict[st
 
 
 @router.get("/plans/{key}", response_class=HTMLResponse, dependencies=gated)
-def plan_page(request: Request, key: str) -> HTMLResponse:
+def plan_page(request: Request, key: str, revision: int | None = Query(None, ge=1)) -> HTMLResponse:
     repo = _repo(request)
-    problem, plan = _load_plan(repo, key)
+    problem, plan = _load_plan(repo, key, revision)
     # Baselines take seconds on a 10k-op problem the first time: then the page comes first and
     # fetches the table (and the 1F1B figure) right after; later views have both cached.
     cached = BASELINES.tables.contains(key)
@@ -331,10 +338,12 @@ def plan_baselines(request: Request, key: str) -> HTMLResponse:
 
 
 @router.get("/plans/{key}/live", response_class=HTMLResponse, dependencies=gated)
-def plan_live(request: Request, key: str, zoom: int = Query(1, ge=1, le=max(data.ZOOMS))) -> HTMLResponse:
-    """The parts of the plan page that change with a new revision or job state."""
+def plan_live(request: Request, key: str, zoom: int = Query(1, ge=1, le=max(data.ZOOMS)),
+              revision: int | None = Query(None, ge=1)) -> HTMLResponse:
+    """The parts of the plan page that change with a new revision or job state (a page pinned to
+    an older revision keeps showing it, with the history and job state brought up to date)."""
     repo = _repo(request)
-    problem, plan = _load_plan(repo, key)
+    problem, plan = _load_plan(repo, key, revision)
     return templates.TemplateResponse(request, "dashboard/_plan_live.html", _ctx(
         request, **_live_ctx(request, repo, key, problem, plan, zoom=zoom,
                              compute_baselines=BASELINES.tables.contains(key))))
@@ -344,11 +353,7 @@ def plan_live(request: Request, key: str, zoom: int = Query(1, ge=1, le=max(data
 def plan_charts(request: Request, key: str, zoom: int = Query(1, ge=1, le=max(data.ZOOMS)),
                 revision: int | None = Query(None, ge=1)) -> HTMLResponse:
     """The Gantt and memory panels re-drawn at `zoom` × the page width (time axis only)."""
-    repo = _repo(request)
-    problem, plan = _load_plan(repo, key)
-    if revision is not None and revision != plan.revision:  # keep the revision on screen
-        stored = repo.revision_plan(key, revision)
-        plan = Plan.model_validate_json(stored) if stored else plan
+    problem, plan = _load_plan(_repo(request), key, revision)  # keep the revision on screen
     return templates.TemplateResponse(request, "dashboard/_charts.html", _ctx(
         request, key=key, plan=plan, c=_renders(request).charts(key, problem, plan, zoom)))
 

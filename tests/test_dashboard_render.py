@@ -221,3 +221,24 @@ def test_key_gated_reads_ask_for_the_key_and_accept_header_or_cookie(dash_app):
         page = client.get(f"/dashboard/plans/{problem.key()}")
         assert page.status_code == 200 and 'class="op ' in page.text
         assert client.get("/dashboard/static/dashboard.js").status_code == 200  # assets stay open
+
+
+def test_plan_page_can_show_an_older_revision(dash_app):
+    from dashboard_fixtures import slow_plan
+
+    app, repo = dash_app
+    problem = make_problem(3, 4)
+    key = problem.key()
+    first, better = slow_plan(problem), gpipe_plan(problem)
+    repo.store_first(problem, first, 5.0)
+    assert repo.store_if_better(key, better, problem) == 2
+    with TestClient(app) as client:
+        best = client.get(f"/dashboard/plans/{key}")
+        assert 'id="m-revision">2<' in best.text and "pinned-notice" not in best.text
+        old = client.get(f"/dashboard/plans/{key}?revision=1")
+        assert old.status_code == 200
+        assert 'id="m-revision">1<' in old.text and 'data-pinned="1"' in old.text and "pinned-notice" in old.text
+        assert views.fmt_ms(first.makespan_ms) in old.text
+        live = client.get(f"/dashboard/plans/{key}/live?revision=1&zoom=2")
+        assert 'id="m-revision">1<' in live.text and 'data-zoom-level="2"' in live.text
+        assert client.get(f"/dashboard/plans/{key}?revision=9").status_code == 404

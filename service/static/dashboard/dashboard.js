@@ -140,7 +140,9 @@
     var refreshLive = function () {
       if (loading) { again = true; return; }
       loading = true;
-      fetch(base + "/plans/" + encodeURIComponent(key) + "/live?zoom=" + zoomLevel(), { headers: { "Accept": "text/html" } })
+      var pinned = planPage.getAttribute("data-pinned");
+      fetch(base + "/plans/" + encodeURIComponent(key) + "/live?zoom=" + zoomLevel() +
+            (pinned ? "&revision=" + encodeURIComponent(pinned) : ""), { headers: { "Accept": "text/html" } })
         .then(function (r) { return r.ok ? r.text() : null; })
         .then(function (html) {
           if (html) {
