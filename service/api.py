@@ -6,7 +6,7 @@ GET path serves the stored plan bytes as they are, with an ETag per revision.
 
 from __future__ import annotations
 
-import asyncio
+import hashlib
 import json
 import logging
 import re
@@ -166,12 +166,24 @@ def check_key(key: str) -> str:
 
 
 # -- POST /v1/plans ---------------------------------------------------------------------------------
-def _problem_of(body: PlanRequest) -> Problem:
+def _problem_of(body: PlanRequest, st: ServiceState) -> Problem:
     if body.problem is not None:
         return body.problem
+    spec = body.spec or {}
+    memo = hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    cached = st.spec_problems.get(memo)
+    if cached is not None:  # an "auto" partition search takes seconds: do it once per spec
+        return cached
+    problem = _problem_from_spec(spec)
+    if len(st.spec_problems) >= 1024:
+        st.spec_problems.clear()
+    st.spec_problems[memo] = problem
+    return problem
+
+
+def _problem_from_spec(spec: dict[str, Any]) -> Problem:
     from planner.costmodel import problem_from_document
 
-    spec = body.spec or {}
     try:
         return problem_from_document(spec)  # "partition": "auto" goes through planner.adaptive
     except ImportError as exc:
@@ -207,7 +219,7 @@ def submit(body: PlanRequest, request: Request, response: Response) -> PlanEnvel
         raise ApiError(422, "invalid_request",
                        f"time_budget_s: {budget} exceeds the limit {s.max_time_budget_s}")
     try:
-        problem = _problem_of(body)
+        problem = _problem_of(body, st)
     except MemoryInfeasibleError as exc:
         raise infeasible(exc) from None
     try:
@@ -475,4 +487,4 @@ def export_chrome_trace(key: str, request: Request, revision: int | None = Query
                     headers={"Content-Disposition": f'attachment; filename="{key[:12]}-r{plan.revision}.trace.json"'})
 
 
-__all__ = ["router", "ApiError", "revision_message", "asyncio"]
+__all__ = ["router", "ApiError", "revision_message"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from starlette.concurrency import run_in_threadpool
 
 from pipeplan.settings import Settings
+from planner.contract import Problem
 
 from .db import make_engine
 from .events import ALL, EventBus, Hub, LocalPublisher, RedisListener, RedisPublisher
@@ -37,6 +38,7 @@ class ServiceState:
     events: EventBus = None  # type: ignore[assignment]
     listener: RedisListener | None = None
     _cache: dict[str, tuple[BestPlan, float]] = field(default_factory=dict)
+    spec_problems: dict[str, Problem] = field(default_factory=dict)  # spec hash -> problem (API memo)
     _inflight: dict[str, asyncio.Future] = field(default_factory=dict)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _locks: list[threading.Lock] = field(default_factory=lambda: [threading.Lock() for _ in range(64)])

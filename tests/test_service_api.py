@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -65,6 +66,19 @@ def test_spec_is_turned_into_a_problem_by_the_cost_model(client):
     assert r.json()["problem_key"] == expected.key()
     bad = client.post("/v1/plans", json={"spec": {**spec, "training": {"devices": 2, "microbatches": -3}}})
     assert bad.status_code == 422 and bad.json()["message"].startswith("spec")
+
+
+def test_spec_with_automatic_partition_uses_the_adaptive_search_once(client):
+    spec = json.loads((Path(__file__).resolve().parent.parent / "examples/specs/llama7b_8xh100.json").read_text())
+    spec["partition"] = "auto"
+    spec["training"]["microbatches"] = 16
+    first = client.post("/v1/plans", json={"spec": spec, "time_budget_s": 1})
+    assert first.status_code == 201, first.text
+    assert first.json()["plan"]["format"] == "pipeplan.plan/v1"
+    t0 = time.monotonic()
+    again = client.post("/v1/plans", json={"spec": spec})
+    assert again.json()["cached"] is True and again.json()["problem_key"] == first.json()["problem_key"]
+    assert time.monotonic() - t0 < 2.0  # the partition search is not repeated
 
 
 def _small_spec() -> dict:
