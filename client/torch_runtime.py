@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import weakref
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -119,6 +120,7 @@ class ExecutorStats:
     """What the executor did, for tests and logs (bytes are per (stage, mb))."""
 
     offloaded_bytes: dict[tuple[int, int], int] = field(default_factory=Counter)
+    freed_bytes: dict[tuple[int, int], int] = field(default_factory=Counter)
     reloads: set[tuple[int, int]] = field(default_factory=set)
     recomputes: set[tuple[int, int]] = field(default_factory=set)
     late: list[str] = field(default_factory=list)
@@ -126,6 +128,7 @@ class ExecutorStats:
 
     def reset(self) -> None:
         self.offloaded_bytes.clear()
+        self.freed_bytes.clear()
         self.reloads.clear()
         self.recomputes.clear()
         self.late.clear()
@@ -275,7 +278,11 @@ class PlanExecutor:
 
     def _offload_now(self, k: int, mb: int) -> None:
         record = self._records[(k, mb)]
+        alive = [(weakref.ref(h.dev), h.dev.numel() * h.dev.element_size())
+                 for h in record.handles.values() if h.dev is not None]
         self.stats.offloaded_bytes[(k, mb)] += sum(h.to_host() for h in record.handles.values())
+        # device memory really released: copies nothing else (e.g. the stage's output) still holds
+        self.stats.freed_bytes[(k, mb)] += sum(n for ref, n in alive if ref() is None)
         record.offloaded = True
 
     def _reload_now(self, k: int, mb: int) -> None:

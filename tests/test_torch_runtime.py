@@ -43,6 +43,8 @@ def check_run(problem, plans, reports) -> None:
                     assert torch.allclose(torch.tensor(got), want, atol=1e-6, rtol=0), (rank, k)
             assert [x[:2] for x in step["offloaded"]] == pairs_on(plan, rank, Kind.OFFLOAD)
             assert all(x[2] > 0 for x in step["offloaded"]), "an offload moved no bytes"
+            # the device copies are really released (nothing else keeps the offloaded activations)
+            assert [x[:2] for x in step["freed"] if x[2] > 0] == pairs_on(plan, rank, Kind.OFFLOAD)
             assert step["reloads"] == pairs_on(plan, rank, Kind.OFFLOAD)
             assert step["recomputes"] == pairs_on(plan, rank, Kind.RECOMPUTE)
             assert step["late"] == [], "a reload/recompute ran later than planned"

@@ -139,6 +139,7 @@ def _run_job(rank: int, problem: Problem, plans: list[Plan], steps_per_plan: int
                 "revision": plan.revision,
                 "grads": {str(k): [g.tolist() for g in grads_of(layers[k])] for k in mine},
                 "offloaded": sorted([list(kv[0]) + [kv[1]] for kv in stats.offloaded_bytes.items()]),
+                "freed": sorted([list(kv[0]) + [kv[1]] for kv in stats.freed_bytes.items()]),
                 "reloads": sorted(list(x) for x in stats.reloads),
                 "recomputes": sorted(list(x) for x in stats.recomputes),
                 "late": list(stats.late), "log": list(stats.log)})
