@@ -147,13 +147,9 @@ def static_file(name: str) -> FileResponse:
 
 # -- overview -----------------------------------------------------------------------------------------
 
-def _load_problem(repo) -> Any:
-    return lambda key: repo.get_problem(key)
-
-
 def _rows(repo, items: list[dict[str, Any]], budget_s: float) -> list[data.OverviewRow]:
     keys = [item["problem_key"] for item in items]
-    figures = data.fill_one_f_one_b(BASELINES, keys, _load_problem(repo), budget_s)
+    figures = data.fill_one_f_one_b(BASELINES, keys, repo.get_problem, budget_s)
     now = datetime.now(UTC)
     return [data.overview_row(item, figures.get(item["problem_key"]), now) for item in items]
 
@@ -182,6 +178,10 @@ def overview(
     items, total = repo.list_plans(offset=(page - 1) * per_page, limit=per_page, sort=sort,
                                    descending=dir == "desc", q=q, job_state=state)
     pages = max(1, math.ceil(total / per_page))
+    if page > pages:  # a stale link past the end: show the last page rather than nothing
+        page = pages
+        items, total = repo.list_plans(offset=(page - 1) * per_page, limit=per_page, sort=sort,
+                                       descending=dir == "desc", q=q, job_state=state)
     rows = _rows(repo, items, ONE_F_ONE_B_BUDGET_S)
     job_counts = sorted(repo.job_counts().items(), key=lambda kv: JOB_STATES.index(kv[0])
                         if kv[0] in JOB_STATES else 99)
@@ -210,7 +210,7 @@ def overview(
 def overview_row(request: Request, key: str) -> HTMLResponse:
     """One overview `<tr>`, re-fetched by the page when an event names the key."""
     repo = _repo(request)
-    item = _list_item(repo, key)
+    item = _list_item(repo, _checked(key))
     if item is None:
         raise HTTPException(404, f"no cached plan with key {key}")
     row = _rows(repo, [item], budget_s=30.0)[0]
@@ -226,9 +226,16 @@ def _list_item(repo, key: str) -> dict[str, Any] | None:
 
 # -- plan page ---------------------------------------------------------------------------------------
 
+def _checked(key: str) -> str:
+    """Keys are SHA-256 hex; anything else cannot be cached, so it is a 404 without a query."""
+    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+        raise HTTPException(404, f"no cached plan with key {key[:80]}")
+    return key
+
+
 def _load_plan(repo, key: str, revision: int | None = None) -> tuple[Problem, Plan]:
     """The key's problem and its best plan, or the stored `revision` when one is asked for."""
-    problem = repo.get_problem(key)
+    problem = repo.get_problem(_checked(key))
     plan = repo.best_plan(key) if problem is not None else None
     if problem is None or plan is None:
         raise HTTPException(404, f"no cached plan with key {key}")

@@ -155,6 +155,7 @@ def test_plan_page_html_has_one_rect_per_op_and_download_links(dash_app):
         live = client.get(f"/dashboard/plans/{key}/live")
         assert live.status_code == 200 and len(re.findall(r'<rect class="op ', live.text)) == op_count(plan)
         assert client.get("/dashboard/plans/" + "0" * 64).status_code == 404
+        assert client.get("/dashboard/plans/not-a-key%27%3B").status_code == 404
         assert client.get("/dashboard/static/dashboard.css").headers["content-type"].startswith("text/css")
         assert client.get("/dashboard/static/..%2Fdashboard.py").status_code == 404
 
@@ -174,6 +175,8 @@ def test_overview_lists_sorts_filters_and_paginates(dash_app):
         page3 = client.get("/dashboard/?per_page=3&sort=makespan_ms&dir=asc&page=3")
         assert re.findall(r'<tr id="row-([0-9a-f]{64})"', page3.text) == [keys[8]]
         assert "7–7 of 7" in page3.text
+        past_the_end = client.get("/dashboard/?per_page=3&sort=makespan_ms&dir=asc&page=99")
+        assert re.findall(r'<tr id="row-([0-9a-f]{64})"', past_the_end.text) == [keys[8]]
         one = client.get(f"/dashboard/?q={keys[5][:10]}")
         assert re.findall(r'<tr id="row-([0-9a-f]{64})"', one.text) == [keys[5]]
         none = client.get("/dashboard/?state=failed")
