@@ -367,10 +367,14 @@ async def events(key: str, request: Request, after: int | None = Query(None, ge=
         else:
             sent = start_after
         while True:
-            for revision, plan_json in await run_in_threadpool(st.repo.revision_plans, key, sent):
-                if revision > sent:
-                    sent = revision
-                    yield event_of(revision, plan_json)
+            while True:  # replay / catch up from SQL, in pages
+                batch = await run_in_threadpool(st.repo.revision_plans, key, sent)
+                for revision, plan_json in batch:
+                    if revision > sent:
+                        sent = revision
+                        yield event_of(revision, plan_json)
+                if len(batch) < 100:
+                    break
             message = await sub.get(timeout=st.settings.sse_poll_s)
             while message is not None and message.get("type") == "job":
                 yield ServerSentEvent(data={"state": message.get("state")}, event="job")
@@ -457,11 +461,13 @@ def _problem_and_plan(st: ServiceState, key: str, revision: int | None):
     from planner.contract import Plan
 
     problem = st.repo.get_problem(key)
-    plan_json = st.repo.revision_plan(key, revision) if revision else (st.repo.best(key) or None)
+    if revision:
+        plan_json = st.repo.revision_plan(key, revision)
+    else:
+        best = st.repo.best(key)
+        plan_json = best.plan_json if best else None
     if problem is None or plan_json is None:
-        raise ApiError(404, "not_found", f"no plan cached for key {key}")
-    if isinstance(plan_json, BestPlan):
-        plan_json = plan_json.plan_json
+        raise ApiError(404, "not_found", f"no plan cached for key {key}" + (f" at revision {revision}" if revision else ""))
     return problem, Plan.model_validate_json(plan_json)
 
 

@@ -10,13 +10,13 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from fastapi.testclient import TestClient
+from service_support import BIN, any_db_url, pg_url, service_env  # noqa: F401
 from sqlalchemy import inspect
 
 from pipeplan.settings import Settings
 from service import create_app, schema
 from service.db import make_engine
 from service.models import Base
-from service_support import BIN, any_db_url, pg_url, service_env  # noqa: F401
 
 TABLES = {"problems", "plan_revisions", "jobs"}
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from service_support import LiveServer, gpipe_plan, hard_problem, make_problem, problem_doc, wait_for
 
 from pipeplan.settings import Settings
 from service import create_app
-from service_support import LiveServer, gpipe_plan, hard_problem, make_problem, problem_doc, wait_for
 
 
 def app_for(tmp_path, **overrides):

@@ -8,10 +8,10 @@ import subprocess
 from pathlib import Path
 
 import yaml
+from service_support import BIN, ROOT
 from sqlalchemy.engine import make_url
 
 from pipeplan.settings import Settings
-from service_support import BIN, ROOT
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]

@@ -6,13 +6,12 @@ from __future__ import annotations
 import socket
 import threading
 
-import pytest
 from fastapi.testclient import TestClient
+from service_support import make_problem, migrated_engine, pg_url, problem_doc  # noqa: F401
 from sqlalchemy.engine import make_url
 
 from pipeplan.settings import Settings
 from service import create_app
-from service_support import make_problem, migrated_engine, pg_url, problem_doc  # noqa: F401
 
 
 class TcpProxy:

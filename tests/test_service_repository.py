@@ -7,12 +7,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from service_support import any_db_url, gpipe_plan, make_problem, migrated_engine  # noqa: F401
 from sqlalchemy import func, select
 
 from planner.validator import InvalidPlanError
 from service.models import CANCELLED, CONVERGED, QUEUED, SOLVING, JobRow, RevisionRow
 from service.repository import Repository
-from service_support import any_db_url, gpipe_plan, make_problem, migrated_engine  # noqa: F401
 
 
 @pytest.fixture

@@ -17,8 +17,6 @@ import httpx
 import pytest
 import redis
 from rq import Queue
-
-from service.repository import Repository
 from service_support import (
     REDIS_URL,
     hard_problem,
@@ -31,6 +29,8 @@ from service_support import (
     start_worker,
     wait_for,
 )
+
+from service.repository import Repository
 
 pytestmark = pytest.mark.integration
 

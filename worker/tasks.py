@@ -15,10 +15,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from pipeplan.settings import Settings, get_settings
 from planner.bounds import MemoryInfeasibleError
 from planner.contract import Plan
 from planner.validator import InvalidPlanError
-from pipeplan.settings import Settings, get_settings
 from service.events import Publisher, job_message, revision_message
 from service.models import CANCELLED, CONVERGED, FAILED, SOLVING
 from service.repository import Repository
