@@ -350,32 +350,49 @@ async def events(key: str, request: Request, after: int | None = Query(None, ge=
     if last_event_id and last_event_id.strip().isdigit():
         start_after = int(last_event_id.strip())
 
-    def event_of(revision: int, plan_json: str) -> ServerSentEvent:
-        if summary:
-            doc = json.loads(plan_json)
-            data = json.dumps({"problem_key": key, "revision": revision, "makespan_ms": doc["makespan_ms"],
-                               "lower_bound_ms": doc["lower_bound_ms"], "status": doc["status"],
-                               "method": doc["method"]})
-            return ServerSentEvent(raw_data=data, event="revision", id=str(revision))
+    def full(revision: int, plan_json: str) -> ServerSentEvent:
         return ServerSentEvent(raw_data=plan_json, event="revision", id=str(revision))
+
+    def brief(doc: dict[str, Any]) -> ServerSentEvent:
+        doc = {"problem_key": key, **{k: doc[k] for k in ("revision", "makespan_ms", "lower_bound_ms", "status",
+                                                          "method")}}
+        return ServerSentEvent(raw_data=json.dumps(doc), event="revision", id=str(doc["revision"]))
+
+    async def catch_up(sent: int):
+        """Revisions after `sent`: the shared best-plan cache when only the next one is new (the common
+        case, one query for all subscribers), else SQL in pages."""
+        best = await st.best(key)
+        if best.revision <= sent:
+            return
+        if best.revision == sent + 1:
+            yield best.revision, (best.summary() if summary else best.plan_json)
+            return
+        while True:
+            if summary:
+                batch = [(r["revision"], r) for r in await run_in_threadpool(st.repo.revisions, key, sent)]
+            else:
+                batch = await run_in_threadpool(st.repo.revision_plans, key, sent)
+            for revision, body in batch:
+                if revision > sent:
+                    sent = revision
+                    yield revision, body
+            if summary or len(batch) < 100:
+                return
 
     with st.events.subscribe(key) as sub:  # subscribe first: nothing between replay and live is missed
         if start_after is None:
             best = await st.best(key, fresh=True)
             sent = best.revision
-            yield event_of(best.revision, best.plan_json)
+            yield brief(best.summary()) if summary else full(best.revision, best.plan_json)
         else:
             sent = start_after
         while True:
-            while True:  # replay / catch up from SQL, in pages
-                batch = await run_in_threadpool(st.repo.revision_plans, key, sent)
-                for revision, plan_json in batch:
-                    if revision > sent:
-                        sent = revision
-                        yield event_of(revision, plan_json)
-                if len(batch) < 100:
-                    break
+            async for revision, body in catch_up(sent):
+                sent = revision
+                yield brief(body) if summary else full(revision, body)
             message = await sub.get(timeout=st.settings.sse_poll_s)
+            if message is None:  # quiet: re-read SQL in case a pub/sub message was lost
+                await st.best(key, fresh=True)
             while message is not None and message.get("type") == "job":
                 yield ServerSentEvent(data={"state": message.get("state")}, event="job")
                 message = sub.queue.get_nowait() if not sub.queue.empty() else None

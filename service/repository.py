@@ -58,6 +58,12 @@ class BestPlan:
     status: str
     makespan_ms: float
     updated_at: datetime | None
+    lower_bound_ms: float = 0.0
+    method: str = ""
+
+    def summary(self) -> dict[str, Any]:
+        return {"problem_key": self.key, "revision": self.revision, "makespan_ms": self.makespan_ms,
+                "lower_bound_ms": self.lower_bound_ms, "status": self.status, "method": self.method}
 
     @property
     def etag(self) -> str:
@@ -139,7 +145,8 @@ class Repository:
     def best(self, key: str) -> BestPlan | None:
         q = (
             select(ProblemRow.best_revision, RevisionRow.plan, ProblemRow.best_status,
-                   ProblemRow.best_makespan_ms, ProblemRow.updated_at)
+                   ProblemRow.best_makespan_ms, ProblemRow.updated_at, ProblemRow.lower_bound_ms,
+                   ProblemRow.best_method)
             .join(RevisionRow, and_(RevisionRow.problem_key == ProblemRow.key,
                                     RevisionRow.revision == ProblemRow.best_revision))
             .where(ProblemRow.key == key)
@@ -148,7 +155,7 @@ class Repository:
             row = conn.execute(q).first()
         if row is None:
             return None
-        return BestPlan(key, row[0], row[1], row[2], row[3], _aware(row[4]))
+        return BestPlan(key, row[0], row[1], row[2], row[3], _aware(row[4]), row[5], row[6])
 
     def best_plan(self, key: str) -> Plan | None:
         best = self.best(key)

@@ -30,10 +30,11 @@ def _check(request: Request) -> None:
                             headers={"WWW-Authenticate": "Bearer"})
 
 
-def require_write(request: Request) -> None:
+# async: no I/O here, and a sync dependency would cost a thread-pool hop on every request
+async def require_write(request: Request) -> None:
     _check(request)
 
 
-def require_read(request: Request) -> None:
+async def require_read(request: Request) -> None:
     if request.app.state.pipeplan.settings.read_requires_key:
         _check(request)
