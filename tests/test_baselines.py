@@ -6,6 +6,8 @@ import pytest
 from core_schedules import make_problem
 
 from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, compare, run_baseline
+from planner.baselines.classic import serialized_schedule
+from planner.baselines.common import evaluate, peaks_of
 from planner.bounds import MemoryInfeasibleError, lower_bound, min_memory
 from planner.contract import Problem
 from planner.validator import validate_plan
@@ -161,3 +163,24 @@ def test_reference_zb_v_hand_made_order(case, f1b, h1, auto, zbv):
     plan = run_baseline(reference_case(p, m, het, chunks=2), "zb-v")
     assert plan.makespan_ms == pytest.approx(zbv, rel=0.01 if het else 1e-9)
     assert max(plan.peak_memory_mib) <= p + 0.5
+
+
+def test_serialized_fallback_waits_for_the_same_devices_later_stage():
+    """Loop placement at exactly min_memory: stage 1's reload must wait for stage 3's W (same
+    device), not for stage 2's (another device) — found by the property test."""
+    stages = [
+        {"device": 0, "forward_ms": 1, "backward_input_ms": 1, "backward_weight_ms": 0, "offload_ms": 0.5,
+         "activation_mib": 1},
+        {"device": 1, "forward_ms": 1, "backward_input_ms": 1, "backward_weight_ms": 0, "activation_mib": 1},
+        {"device": 0, "forward_ms": 1, "backward_input_ms": 0.5, "backward_weight_ms": 0, "activation_mib": 1},
+        {"device": 1, "forward_ms": 1, "backward_input_ms": 1, "backward_weight_ms": 1, "activation_mib": 1,
+         "weight_grad_mib": 1},
+    ]
+    problem = Problem.model_validate({
+        "num_devices": 2, "num_microbatches": 2, "options": {"offload": True}, "stages": stages,
+        "devices": [{"memory_limit_mib": 1.0}] * 2})
+    assert min_memory(problem) == [1.0, 1.0]
+    serialized = evaluate(problem, serialized_schedule(problem), "serialized")  # DoesNotFit if wrong
+    assert max(peaks_of(problem, serialized.schedule, serialized.timing)) <= 1.0
+    plan = best_heuristic(problem)
+    assert validate_plan(problem, plan) == [] and max(plan.peak_memory_mib) <= 1.0

@@ -32,11 +32,13 @@ def problems(draw) -> Problem:
                  "activation_mib": act,
                  "weight_grad_mib": act * draw(st.floats(0.0, 1.0))}
         if offload:
-            stage["offload_ms"] = draw(st.floats(min_value=0.05, max_value=4.0))
+            stage["offload_ms"] = draw(st.one_of(st.just(0.0), st.floats(min_value=0.05, max_value=4.0)))
             stage["offloadable_mib"] = act * draw(st.floats(0.3, 1.0))
         if recompute:
             stage["checkpoint_mib"] = act * draw(st.floats(0.0, 0.5))
         stages.append(stage)
+    if offload and all(s["offload_ms"] == 0.0 for s in stages):
+        stages[0]["offload_ms"] = 0.5  # the contract wants some offload cost when offload is allowed
     doc = {"num_devices": p, "num_microbatches": m, "p2p_ms": draw(st.sampled_from([0.0, 0.05, 0.5])),
            "options": {"split_backward": draw(st.booleans()), "offload": offload, "recompute": recompute},
            "stages": stages,

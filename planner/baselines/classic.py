@@ -126,6 +126,12 @@ def serialized_schedule(problem: Problem) -> Schedule:
             mode[k] = "recompute"
         else:
             mode[k] = None
+    # the next stage up on the same device: its forward must wait for this offload, and this
+    # restore must wait until its backward (and W) have freed their memory
+    above: dict[int, int | None] = {}
+    for k in range(s):
+        same = [j for j in problem.stages_of(problem.stages[k].device) if j > k]
+        above[k] = min(same) if same else None
     orders: Orders = [[] for _ in range(problem.num_devices)]
     treat: dict[tuple[int, int], str] = {}
     gates: list[Gate] = []
@@ -134,11 +140,12 @@ def serialized_schedule(problem: Problem) -> Schedule:
             orders[problem.stages[k].device].append(Op(Kind.F, k, i))
             if mode[k]:
                 treat[(k, i)] = mode[k]
-            if mode[k] == "offload" and k + 1 < s:
-                gates.append(Gate(Op(Kind.F, k + 1, i), Op(Kind.OFFLOAD, k, i), at_end=True))
+            if mode[k] == "offload" and above[k] is not None:
+                gates.append(Gate(Op(Kind.F, above[k], i), Op(Kind.OFFLOAD, k, i), at_end=True))
         for k in reversed(range(s)):
             orders[problem.stages[k].device] += backward_ops(problem, k, i, split)
-            last = backward_ops(problem, k + 1, i, split)[-1] if k + 1 < s else None
+            j = above[k]
+            last = backward_ops(problem, j, i, split)[-1] if j is not None else None
             if last is not None and mode[k] == "offload":
                 gates.append(Gate(Op(Kind.RELOAD, k, i), last, at_end=True))
             if last is not None and mode[k] == "recompute":
