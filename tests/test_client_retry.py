@@ -112,3 +112,47 @@ def test_api_key_is_sent_and_spec_documents_go_as_spec(plan_doc):
         assert sent == {"spec": {"model": {"layers": 2}}, "time_budget_s": 5}
     finally:
         server.close()
+
+
+def _event(plan: dict) -> bytes:
+    return f"id: {plan['revision']}\nevent: revision\ndata: {json.dumps(plan)}\n\n".encode()
+
+
+def test_follow_reconnects_after_a_dropped_stream_and_resumes_with_last_event_id(plan_doc):
+    problem, doc = plan_doc
+    second = {**doc, "revision": 2}
+    sse = {"content-type": "text/event-stream"}
+    # each stream ends after one event, as when a proxy or the server drops the connection
+    server = Scripted([(200, sse, b": ping\n\n" + _event(doc)), (200, sse, _event(second))])
+    try:
+        client = PlanClient(server.url, backoff_s=0.01)
+        seen = []
+        for plan in client.follow(problem.key()):
+            seen.append(plan.revision)
+            if len(seen) == 2:
+                break
+        assert seen == [1, 2]
+        assert "Last-Event-ID" not in server.headers[0]
+        assert server.headers[1]["Last-Event-ID"] == "1"
+    finally:
+        server.close()
+
+
+def test_follow_polls_with_if_none_match_when_there_is_no_event_stream(plan_doc):
+    problem, doc = plan_doc
+    second = {**doc, "revision": 2}
+    server = Scripted([(404, {}, {"error": "not_found", "message": "Not Found"}),  # no events route
+                       (200, {"etag": '"r1"'}, doc), (304, {"etag": '"r1"'}, b""),
+                       (200, {"etag": '"r2"'}, second)])
+    try:
+        client = PlanClient(server.url, backoff_s=0.01)
+        seen = []
+        for plan in client.follow(problem.key(), poll_interval_s=0.05):
+            seen.append(plan.revision)
+            if len(seen) == 2:
+                break
+        assert seen == [1, 2]
+        assert [p for _, p, _, _ in server.requests][0].endswith("/events")
+        assert server.headers[2].get("If-None-Match") == '"r1"'
+    finally:
+        server.close()
