@@ -202,6 +202,10 @@ class PlanClient:
             if time.monotonic() - asked < hold / 2:
                 time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
+    def problem(self, key: str) -> Problem:
+        """The normalized problem v1 stored under `key` (e.g. the cost model's answer to a spec)."""
+        return Problem.model_validate(self._send("GET", f"/v1/plans/{key}/problem").json())
+
     def revisions(self, key: str) -> Any:
         return self._send("GET", f"/v1/plans/{key}/revisions").json()
 

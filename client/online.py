@@ -177,7 +177,12 @@ class OnlinePlan:
         if self.key is not None and submission.key != self.key:
             log.warning("service key %s differs from the local key %s", submission.key[:12], self.key[:12])
         self.key = submission.key
-        if self.problem is None and self._newest is None:
+        if self.problem is None:  # a spec: the service's problem lets us validate every plan
+            try:
+                self.problem = self.client.problem(self.key)
+            except PlanClientError as exc:
+                log.warning("could not fetch the problem of %s (%s); plans are not validated", self.key[:12], exc)
+        if self._newest is None:
             self.offer(self.store.load(self.key), persist=False)
         self.offer(submission.plan)
         self._submitted = True

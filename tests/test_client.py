@@ -167,3 +167,14 @@ def test_online_plan_recovers_when_the_service_comes_back(problem, tmp_path):
         assert online.current().revision == arrived.revision
         assert online.poll_swap() is None
         assert time.monotonic() - started < 0.1
+
+
+def test_online_plan_from_a_model_spec_gets_the_services_problem(service, tmp_path):
+    spec = {"model": {"name": "tiny", "layers": 4, "hidden": 32, "heads": 4, "vocab": 64, "seq_len": 16,
+                      "dtype": "fp32"},
+            "hardware": {"name": "cpu", "peak_tflops": 0.01, "hbm_gib": 1.0, "host_link_gbps": 1, "link_gbps": 2},
+            "training": {"devices": 2, "microbatches": 4}}
+    with OnlinePlan(PlanClient(service.url), spec, time_budget_s=2, store=tmp_path, start=False) as online:
+        assert online.problem is not None and online.problem.metadata["partition"]
+        assert online.key == online.problem.key()
+        assert_valid(online.problem, online.current())
