@@ -226,7 +226,7 @@ def run_rank(rank: int, world: int, a) -> dict | None:
             grads = {k: [p.grad.detach().clone() for p in stages[k].parameters()] for k in mine}
             stats = planned.executor.stats
             mine_report = {"weights": {k: weights[i] for i, k in enumerate(mine)}, "grads": grads,
-                           "loss": float(sum(losses) / len(losses)) if losses else None,
+                           "loss": float(torch.stack([x.detach() for x in losses]).mean()) if losses else None,
                            "offloaded": sorted(stats.offloaded_bytes), "recomputed": sorted(stats.recomputes),
                            "late": list(stats.late), "seconds": elapsed}
             gathered = [None] * world if rank == 0 else None
