@@ -211,6 +211,10 @@ class PlanExecutor:
 
     # -- wrapping torch's stage methods --------------------------------------------------------------
     def _wrap(self, stage) -> None:
+        if getattr(stage, "_pipeplan_executor", None) is not None:
+            raise RuntimeError(f"stage {stage.stage_index} already runs a plan; change plans with"
+                               " PlannedSchedule.swap() instead of building a second schedule on it")
+        stage._pipeplan_executor = self
         k = stage.stage_index
         forward, backward, backward_weight = (stage.forward_one_chunk, stage.backward_one_chunk,
                                               stage.backward_weight_one_chunk)
