@@ -59,7 +59,7 @@ def ensure_schema(engine: Engine, auto_migrate: bool) -> None:
         return
     current, head = current_revision(engine), head_revision()
     if current != head:
-        where = "an empty database" if current is None else f"schema revision {current}"
+        where = "no pipeplan schema yet" if current is None else f"schema revision {current}"
         raise SchemaNotReady(
             f"the database at {engine.url.render_as_string(hide_password=True)} has {where}, but this"
             f" version needs revision {head}. Run `pipeplan migrate` (same PIPEPLAN_DATABASE_URL) first."

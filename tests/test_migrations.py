@@ -73,3 +73,13 @@ def test_embedded_sqlite_is_created_and_migrated_on_first_start(tmp_path):
     engine = make_engine(f"sqlite:///{tmp_path / 'data' / 'pipeplan.db'}", 1)
     assert tables(engine) == TABLES
     engine.dispose()
+
+
+def test_serve_and_worker_refuse_to_start_on_an_unmigrated_database(pg_url):  # noqa: F811
+    env = service_env(database_url=pg_url, redis_url="redis://127.0.0.1:6379/13", port=0)
+    for args in (["serve", "--port", "0"], ["worker", "--burst"]):
+        run = subprocess.run([str(BIN / "pipeplan"), *args], capture_output=True, text=True, env=env, timeout=60)
+        assert run.returncode != 0, args
+        out = run.stdout + run.stderr
+        assert "Run `pipeplan migrate`" in out, out[-2000:]
+        assert "Traceback" not in out, out[-2000:]

@@ -36,6 +36,18 @@ def serve(
     except ModuleNotFoundError as exc:
         _needs_server_extra(exc)
     settings = _settings(host=host, port=port)
+    from service.db import make_engine
+    from service.schema import SchemaNotReady, ensure_schema
+
+    engine = make_engine(settings.resolved_database_url, 1)
+    try:  # fail before uvicorn starts, with the message alone (the app checks again in its lifespan)
+        ensure_schema(engine, settings.should_auto_migrate)
+    except SchemaNotReady as exc:
+        fail(str(exc))
+    except Exception as exc:
+        fail(f"cannot reach the database: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+    finally:
+        engine.dispose()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     mode = "redis queue" if settings.redis_url else f"embedded ({settings.embedded_workers} worker thread(s))"
     typer.echo(f"pipeplan: {settings.resolved_database_url.split('@')[-1]} · {mode} · "
