@@ -89,7 +89,7 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, seconds: float, stop: th
         workers: int, seed: int = 0, deterministic: bool = False, options: ModelOptions = ModelOptions(),
         free: set | None = None, method: str = "cp-sat", check_hint: bool = False,
         log_search: bool = False, base: tuple | None = None, presolve: bool = True,
-        free_ops: set | None = None) -> RunOutcome:
+        free_ops: set | None = None, fix_before: int | None = None) -> RunOutcome:
     """Build, hint, solve. `free` set: a large-neighbourhood step around `base` (ticks; default:
     the incumbent's)."""
     started = time.monotonic()
@@ -108,7 +108,7 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, seconds: float, stop: th
         if vals is not None:
             built.hint(vals)
         if free is not None:
-            built.fix_outside(free, starts, choices, free_ops)
+            built.fix_outside(free, starts, choices, free_ops, fix_before)
     hint_ok = None
     if check_hint and vals is not None:
         hint_ok = hint_is_feasible(built, seconds=min(10.0, seconds))

@@ -250,10 +250,12 @@ class CpsatModel:
             self.model.add_hint(var, int(value))
 
     def fix_outside(self, free: set[tuple[int, int]], starts: dict[Op, int],
-                    choices: dict[tuple[int, int], Choice], free_ops: set[Op] | None = None) -> None:
+                    choices: dict[tuple[int, int], Choice], free_ops: set[Op] | None = None,
+                    fix_before: int | None = None) -> None:
         """Large-neighbourhood step: pairs outside `free` keep their choices; ops keep, per lane,
         their relative order (only their times move) unless free: every op of a free pair, or with
-        `free_ops`, just those ops (plus the copies and recomputes of free pairs)."""
+        `free_ops`, just those ops (plus the copies and recomputes of free pairs). Fixed ops that
+        start before `fix_before` keep their exact start (they cannot help; fewer variables move)."""
         m = self.model
         for (k, i), pv in self.v.items():
             if (k, i) in free:
@@ -271,6 +273,8 @@ class CpsatModel:
                     op in free_ops or (pair_free and op.kind in optional))):
                 continue
             var = self.start_vars(op.stage, op.mb)[op.kind]
+            if fix_before is not None and s < fix_before:
+                m.add(var == s)
             lane = "d2h" if op.kind is Kind.OFFLOAD else "h2d" if op.kind is Kind.RELOAD else "c"
             lanes.setdefault((self.p.stages[op.stage].device, lane), []).append((s, var, self._dur(op)))
         for seq in lanes.values():

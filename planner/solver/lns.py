@@ -93,15 +93,19 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, deadline: float, stop: t
             free, free_ops = _op_window(problem, starts, rng, 3 * size, )
         else:
             free = _neighbourhood(problem, starts, rng, size, kind)
+        fix_before = None
         if size >= pairs:
             free, free_ops = None, None  # the whole problem fits in one step
+        elif pairs > PRESOLVE_PAIRS and free:
+            window = free_ops if free_ops is not None else [op for op in starts if (op.stage, op.mb) in free]
+            fix_before = min(starts[op] for op in window)
         before = inc.makespan
         budget = min(step_s, deadline - time.monotonic())
         if budget <= 0.1:
             break
         out = cpsat.run(problem, inc, scale, budget, stop, workers, seed + steps, deterministic,
                         options, free=free, method="cp-sat lns", base=state,
-                        presolve=pairs <= PRESOLVE_PAIRS, free_ops=free_ops)
+                        presolve=pairs <= PRESOLVE_PAIRS, free_ops=free_ops, fix_before=fix_before)
         steps += 1
         if out.solution is not None and _end(problem, scale, out.solution[0]) <= _end(problem, scale, starts):
             state = out.solution  # same or shorter makespan, more compressed: the next base
