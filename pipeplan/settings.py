@@ -67,6 +67,7 @@ class Settings(BaseSettings):
     stale_after_s: float = Field(
         15.0, gt=0, description="A solving job whose heartbeat is older than this is re-run elsewhere."
     )
+    max_attempts: int = Field(3, ge=1, description="Runs of one job whose worker died; then the job fails.")
     reconcile_interval_s: float = Field(5.0, gt=0, description="API-side reconciler period.")
     min_rerun_budget_s: float = Field(5.0, description="Budget floor for a job re-run after a crash.")
 

@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import logging
 
-from .models import QUEUED
+from .models import QUEUED, SOLVING
 from .queue import JobQueue
 from .repository import Repository, stale_cutoffs
 
 log = logging.getLogger("pipeplan.reconcile")
 
 
-def reconcile(repo: Repository, queue: JobQueue, stale_after_s: float, queued_grace_s: float = 3.0) -> int:
+def reconcile(repo: Repository, queue: JobQueue, stale_after_s: float, queued_grace_s: float = 3.0,
+              max_attempts: int = 3) -> int:
     stale_before, queued_before = stale_cutoffs(stale_after_s, queued_grace_s)
     count = 0
     for job in repo.unfinished(stale_before, queued_before):
         if job.state == QUEUED and queue.exists(job.run_id):
+            continue
+        if job.state == SOLVING and job.attempts >= max_attempts:  # it keeps taking its workers down
+            if repo.give_up(job, f"gave up after {job.attempts} attempts: the worker died each time"):
+                log.error("job of %s failed: its worker died %d times", job.key[:12], job.attempts)
             continue
         run_id = repo.requeue(job)
         if run_id is None:

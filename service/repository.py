@@ -23,6 +23,7 @@ from .models import (
     ACTIVE_STATES,
     CANCELLED,
     CONVERGED,
+    FAILED,
     QUEUED,
     SOLVING,
     JobRow,
@@ -415,6 +416,14 @@ class Repository:
         ))
         with self.engine.connect() as conn:
             return [JobInfo.of(r) for r in conn.execute(q).all()]
+
+    def give_up(self, job: JobInfo, error: str) -> bool:
+        """Mark an orphaned run failed (it keeps killing its workers); only if nobody else moved it."""
+        with self.engine.begin() as conn:
+            res = conn.execute(update(JobRow).where(
+                JobRow.key == job.key, JobRow.run_id == job.run_id, JobRow.state == job.state,
+            ).values(state=FAILED, error=error, finished_at=utcnow()))
+        return res.rowcount == 1
 
     def requeue(self, job: JobInfo) -> str | None:
         """Give an orphaned run a new run id (only if nobody else did); the caller enqueues it."""

@@ -86,7 +86,8 @@ class ServiceState:
         while True:
             try:
                 grace = 0.0 if first and self.queue.kind == "local" else 3.0
-                await run_in_threadpool(reconcile, self.repo, self.queue, self.settings.stale_after_s, grace)
+                await run_in_threadpool(reconcile, self.repo, self.queue, self.settings.stale_after_s, grace,
+                                        self.settings.max_attempts)
             except Exception as exc:
                 log.warning("reconcile failed: %s", exc)
             first = False

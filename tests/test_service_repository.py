@@ -7,7 +7,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from service_support import any_db_url, gpipe_plan, make_problem, migrated_engine  # noqa: F401
+from service_support import any_db_url, gpipe_plan, make_problem, migrated_engine, wait_for  # noqa: F401
 from sqlalchemy import func, select
 
 from planner.validator import InvalidPlanError
@@ -134,3 +134,28 @@ def test_listing_has_summary_fields_and_pages(repo):
     found, n = repo.list_plans(q=keys[3][:10])
     assert n == 1 and found[0]["problem_key"] == keys[3]
     assert repo.job_counts()[QUEUED] >= 5
+
+
+def test_reconciler_requeues_orphans_and_gives_up_on_job_killers(repo):
+    """The reconciler against a real (in-process) queue: stale runs are re-enqueued once; a run whose
+    workers keep dying is failed after max_attempts instead of looping forever."""
+    from service.queue import LocalQueue
+    from service.reconcile import reconcile
+
+    enqueued: list[str] = []
+    queue = LocalQueue(lambda key, run_id: enqueued.append(run_id), workers=1)  # runs only record
+    problem = make_problem(tag="reconcile")
+    key = problem.key()
+    _, _, job = repo.store_first(problem, gpipe_plan(problem, delay_ms=5), 5.0, key=key)
+    assert reconcile(repo, queue, stale_after_s=60, queued_grace_s=0) == 1  # queued but unknown to the queue
+    run = repo.job(key).run_id
+    wait_for(lambda: enqueued == [run], 5, what="the re-enqueued run")
+    assert run != job.run_id
+    assert reconcile(repo, queue, stale_after_s=60, queued_grace_s=3600) == 0
+    for attempt in range(1, 4):
+        assert repo.claim(key, repo.job(key).run_id, f"w{attempt}")
+        n = reconcile(repo, queue, stale_after_s=0, queued_grace_s=3600, max_attempts=3)
+        assert n == (1 if attempt < 3 else 0)
+    final = repo.job(key)
+    assert final.state == "failed" and "3 attempts" in final.error
+    queue.close()

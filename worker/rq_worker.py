@@ -29,7 +29,8 @@ class PipeplanWorker(Worker):
     def run_maintenance_tasks(self) -> None:
         super().run_maintenance_tasks()
         try:
-            n = reconcile(tasks._CONTEXT.repo, self.reconcile_queue, self.settings.stale_after_s)
+            n = reconcile(tasks._CONTEXT.repo, self.reconcile_queue, self.settings.stale_after_s,
+                          max_attempts=self.settings.max_attempts)
             if n:
                 log.warning("reconciler re-enqueued %d run(s)", n)
         except Exception as exc:  # DB or Redis blinked: try again next tick
