@@ -83,6 +83,8 @@ def _seed(problem: Problem, key: str, hint: Plan | None, inc: Incumbent, notes: 
         notes.append("planner.baselines missing: no heuristic seed")
         return
     names = [n for n in SEED_ORDER if n in NAMES] + [n for n in NAMES if n not in SEED_ORDER]
+    if any(problem.limit_of(d) != float("inf") for d in range(problem.num_devices)):
+        _offer_serialized(problem, key, inc)  # fits any feasible budget, in milliseconds
     for name in names:
         if stop is not None and stop.is_set() and inc.plan is not None:
             return
@@ -96,6 +98,18 @@ def _seed(problem: Problem, key: str, hint: Plan | None, inc: Incumbent, notes: 
         except Exception as exc:  # noqa: BLE001
             log.exception("best_heuristic failed")
             notes.append(f"best_heuristic failed: {exc}")
+
+
+def _offer_serialized(problem: Problem, key: str, inc: Incumbent) -> None:
+    """best_heuristic's own fallback (one microbatch at a time), offered first under a memory limit:
+    slow, but out at once while the other baselines are still being built."""
+    try:
+        from ..baselines.classic import serialized_schedule
+        from ..baselines.common import finalize
+
+        inc.offer(finalize(problem, serialized_schedule(problem), "serialized", key))
+    except Exception:  # noqa: BLE001 - only a head start; the baselines follow
+        pass
 
 
 def _adapt_hint(problem: Problem, key: str, hint: Plan) -> Plan | None:
