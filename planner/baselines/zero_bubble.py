@@ -20,7 +20,7 @@ from .engine import EngineConfig, run_engine
 
 _CACHE: OrderedDict[tuple[str, str], Schedule | Exception] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
-_CACHE_SIZE = 32
+_CACHE_SIZE = 8  # a few problems x their patterns; large schedules are megabytes each
 
 
 def cached(build: Callable[[Problem], Schedule]) -> Callable[[Problem], Schedule]:
