@@ -18,7 +18,7 @@ from ..simulator import Schedule
 from .common import NotApplicable, is_v_placement, require_one_chunk, require_split, schedule_of
 from .engine import EngineConfig, run_engine
 
-_CACHE: OrderedDict[tuple[str, str], Schedule | Exception] = OrderedDict()
+_CACHE: OrderedDict[tuple[str, str], Schedule | NotApplicable] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 8  # a few problems x their patterns; large schedules are megabytes each
 
@@ -36,13 +36,13 @@ def cached(build: Callable[[Problem], Schedule]) -> Callable[[Problem], Schedule
             try:
                 hit = build(problem)
             except NotApplicable as exc:
-                hit = exc
+                hit = NotApplicable(exc.reason)  # without the traceback and its frames
             with _CACHE_LOCK:
                 _CACHE[key] = hit
                 while len(_CACHE) > _CACHE_SIZE:
                     _CACHE.popitem(last=False)
-        if isinstance(hit, Exception):
-            raise hit
+        if isinstance(hit, NotApplicable):
+            raise NotApplicable(hit.reason)  # a fresh one: re-raising the cached object grows its traceback
         return hit
 
     return run
