@@ -170,12 +170,20 @@ def plan_source(problem: Problem, a) -> tuple[OnlinePlan, threading.Event, threa
     revision = [online.current().revision]
 
     def improved(plan: Plan) -> None:
-        revision[0] += 1
-        online.offer(plan.model_copy(update={"revision": revision[0]}))
+        """A new revision only for a shorter plan, or the same length newly proven optimal."""
+        held = online.latest()
+        better = plan.makespan_ms < held.makespan_ms - 1e-9
+        proven = (plan.status == "optimal" and held.status != "optimal"
+                  and plan.makespan_ms <= held.makespan_ms + 1e-9)
+        if better or proven:
+            revision[0] += 1
+            online.offer(plan.model_copy(update={"revision": revision[0]}))
 
     def run() -> None:
         try:
-            solve(problem, a.time_budget, on_improvement=improved, stop=stop, hint=online.current(), workers=1)
+            result = solve(problem, a.time_budget, on_improvement=improved, stop=stop, hint=online.current(),
+                           workers=1)
+            improved(result.plan)  # the final answer may add a proof of optimality
         except Exception as exc:  # the training keeps its plan
             print(f"[rank 0] embedded solver stopped: {exc}", file=sys.stderr)
 
