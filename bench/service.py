@@ -30,7 +30,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.contract import Device, Options, Problem, Stage  # noqa: E402
+from planner.contract import Device, Options, Problem, Stage
 
 
 def problem(devices: int = 8, microbatches: int = 32, tag: str = "") -> Problem:
@@ -173,6 +173,16 @@ def sse_latency(base: str, settings, improvements: int, subscribers: int) -> dic
             "publish_to_client_p99_ms": pct(after_publish, 99) * 1000}
 
 
+def cleanup_queue(redis_url: str, name: str) -> None:
+    """Drop the refine jobs the cold POSTs queued (no worker ran them) and the queue itself."""
+    import redis
+    from rq import Queue
+
+    conn = redis.Redis.from_url(redis_url)
+    Queue(name, connection=conn).delete(delete_jobs=True)
+    conn.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=5.0, help="seconds per load step")
@@ -235,6 +245,7 @@ def main() -> None:
             server.wait(10)
         except subprocess.TimeoutExpired:
             server.kill()
+        cleanup_queue(args.redis_url, settings["queue_name"])
     results["loadavg_end"] = os.getloadavg()
     print(f"load average (1 min) at start {results['loadavg_start'][0]:.1f}, at end {results['loadavg_end'][0]:.1f}"
           f" on {os.cpu_count()} CPUs")

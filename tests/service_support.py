@@ -129,7 +129,10 @@ def queue_name():
 
     name = f"pp-test-{uuid.uuid4().hex[:8]}"
     yield name
+    from rq import Queue
+
     client = redis.Redis.from_url(REDIS_URL)
+    Queue(name, connection=client).delete(delete_jobs=True)
     for k in client.scan_iter(f"rq:*{name}*"):
         client.delete(k)
     client.close()

@@ -57,6 +57,7 @@ def deployment(tmp_path_factory):
             server.stop()
             engine.dispose()
             client = redis.Redis.from_url(REDIS_URL)
+            Queue(queue, connection=client).delete(delete_jobs=True)
             for k in client.scan_iter(f"rq:*{queue}*"):
                 client.delete(k)
 
