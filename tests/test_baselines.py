@@ -184,3 +184,17 @@ def test_serialized_fallback_waits_for_the_same_devices_later_stage():
     assert max(peaks_of(problem, serialized.schedule, serialized.timing)) <= 1.0
     plan = best_heuristic(problem)
     assert validate_plan(problem, plan) == [] and max(plan.peak_memory_mib) <= 1.0
+
+
+def test_loop_placement_at_one_f_one_b_memory():
+    """Interleaved 1F1B needs more than 1F1B's memory; the greedy's 'later chunk first' variant keeps
+    a loop-placed model within it and still beats 1F1B-with-one-chunk's 117."""
+    p, m = 8, 32
+    stages = [{"device": k % p, "forward_ms": 0.5, "backward_input_ms": 0.5, "backward_weight_ms": 0.5,
+               "activation_mib": 0.5, "weight_grad_mib": 0.5} for k in range(2 * p)]
+    problem = Problem.model_validate({"num_devices": p, "num_microbatches": m, "stages": stages,
+                                      "devices": [{"memory_limit_mib": float(p)}] * p})
+    with pytest.raises(DoesNotFit):
+        run_baseline(problem, "interleaved-1f1b")
+    plan = best_heuristic(problem)
+    assert max(plan.peak_memory_mib) <= p and plan.makespan_ms <= 102.0 + 1e-9

@@ -47,21 +47,33 @@ def reducing_treat(problem: Problem, mode: str) -> Treat | None:
 
 
 def _variants(problem: Problem) -> list[tuple[str, EngineConfig]]:
+    """Engine settings to try, most promising first (measured on the DESIGN.md section 4 cases)."""
     s = problem.num_stages
     split = problem.options.split_backward
     limits = [problem.limit_of(d) for d in range(problem.num_devices)]
     mem = None if all(math.isinf(x) for x in limits) else limits
-    caps: list[tuple[str, list[int] | None]] = [("1f1b", [s - k for k in range(s)]),
-                                                 ("2x", [2 * (s - k) - 1 for k in range(s)])]
-    if problem.chunks > 1:
-        caps = [("mem", None)] + caps
+    one_f_one_b = [s - k for k in range(s)]
+    twice = [2 * (s - k) - 1 for k in range(s)]
+    lean = ("lean", [10**9] * s, [s] * s)
+    fill = ("fill", None, None)
     out = []
-    for cap_name, cap in caps:
-        for w_name, lag, tail in [("lean", [10**9] * s, [s] * s), ("fill", None, None)]:
-            if not split and w_name == "fill":
-                continue
-            out.append((f"{cap_name},{w_name}" if split else cap_name,
-                        EngineConfig(split=split, cap=cap, mem_cap=mem, w_lag=lag, w_tail=tail)))
+    if problem.chunks == 1:
+        grid = [(cap_name, cap, w, False, True) for w in (lean, fill)
+                for cap_name, cap in (("1f1b", one_f_one_b), ("2x", twice))]
+    else:
+        # several stages per device: finishing a microbatch's later chunk first (late) and letting
+        # forwards use all memory (no later-chunk reserve) is usually fastest, but may block
+        grid = [(cap_name, cap, w, late, reserve)
+                for late, reserve in ((True, False), (True, True), (False, True), (False, False))
+                for w in (fill, lean) for cap_name, cap in (("mem", None), ("2x", twice))]
+    for cap_name, cap, (w_name, lag, tail), late, reserve in grid:
+        if not split and w_name == "fill":
+            continue
+        name = f"{cap_name},{w_name}" if split else cap_name
+        name += ",late" if late else ""
+        name += "" if reserve or problem.chunks == 1 else ",tight"
+        out.append((name, EngineConfig(split=split, cap=cap, mem_cap=mem, w_lag=lag, w_tail=tail,
+                                       prefer_late_forward=late, chunk_reserve=reserve)))
     return out
 
 
@@ -103,8 +115,7 @@ def greedy_outcome(problem: Problem) -> Outcome:
     reduce_first = limited and not pattern_fits
     tries = [(treat_name, treat, name, cfg) for name, cfg in _variants(problem)
              for treat_name, treat in treats]
-    tries.sort(key=lambda x: ("fill" in x[2], (x[0] == "") == reduce_first,
-                              problem.chunks > 1 and not x[2].startswith("mem")))
+    tries.sort(key=lambda x: (x[0] == "") == reduce_first)  # stable: keeps _variants' order
     ops = 3 * problem.num_stages * problem.num_microbatches
     budget = max(2, OPS_BUDGET // max(1, ops))
     for runs, (treat_name, treat, name, cfg) in enumerate(tries):
