@@ -25,7 +25,8 @@ from tenacity.wait import wait_random_exponential
 
 from planner.contract import Plan, Problem
 
-from .errors import PlanNotFound, PlanRequestError, ServiceUnavailable, WaitTimeout, reasons_of
+from .errors import (PlanClientError, PlanNotFound, PlanRequestError, ServiceUnavailable, WaitTimeout,
+                     reasons_of)
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,8 @@ class PlanClient:
         self.close()
 
     def _send_once(self, method: str, path: str, *, ok: tuple[int, ...] = (200,), **kw: Any) -> httpx.Response:
+        if self._closed.is_set():
+            raise PlanClientError("the PlanClient is closed")
         try:
             response = self._http.request(method, path, **kw)
         except httpx.TransportError as exc:
@@ -223,7 +226,7 @@ class PlanClient:
         try:
             self._send_once("GET", "/healthz")
             return True
-        except (ServiceUnavailable, PlanRequestError):
+        except PlanClientError:
             return False
 
     # -- following improvements -----------------------------------------------------------------------
