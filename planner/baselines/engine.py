@@ -404,4 +404,8 @@ class _Engine:
         finished = sum(self.nw[k] if self.split else self.nb[k] for k in range(self.S))
         if finished < total:
             raise _Failed(f"engine blocked with {total - finished} backwards left")
-        return Schedule(self.orders, self.gates)
+        schedule = Schedule(self.orders, self.gates)
+        # the engine's own timing: ASAP re-timing of the same orders and gates is never later, so
+        # callers may skip simulating a variant that is already slower than a plan they hold
+        schedule.engine_makespan = max(end for _, end in self.times.values())  # type: ignore[attr-defined]
+        return schedule

@@ -125,6 +125,8 @@ def greedy_outcome(problem: Problem) -> Outcome:
         schedule = run_engine(problem, cfg)
         if schedule is None:
             continue
+        if best is not None and schedule.engine_makespan >= best.makespan * (1 + 1e-9):  # type: ignore[attr-defined]
+            continue  # almost surely slower (a speed heuristic only: validity does not depend on it)
         label = f"greedy({name}{', ' + treat_name if treat_name else ''})"
         try:
             best = better(best, evaluate(problem, schedule, label))
