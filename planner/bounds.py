@@ -6,6 +6,8 @@ is below `min_memory` admits no valid plan, whatever the order, offload or recom
 
 from __future__ import annotations
 
+import math
+
 from .contract import Problem
 from .ops import residue_mib
 
@@ -86,8 +88,8 @@ class MemoryInfeasibleError(ValueError):
         super().__init__("infeasible memory budget: " + "; ".join(short))
 
     def to_dict(self) -> dict:
-        return {"error": "infeasible", "message": str(self),
-                "min_memory_mib": self.needed_mib, "memory_limit_mib": self.limits}
+        return {"error": "infeasible", "message": str(self), "min_memory_mib": self.needed_mib,
+                "memory_limit_mib": [None if math.isinf(lim) else lim for lim in self.limits]}
 
 
 def check_memory_feasible(problem: Problem) -> list[float]:

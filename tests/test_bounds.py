@@ -124,3 +124,43 @@ def test_lower_bound_uneven_stages_one_microbatch():
     problem = Problem.model_validate(doc)
     assert lower_bound(problem) == pytest.approx(5.5)  # F0 + F1 + BW1 + BW0
     assert plan_of(problem, one_f_one_b(problem)).makespan_ms == pytest.approx(5.5)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.floats(0, 1.5))
+def test_every_baseline_is_valid_and_within_bounds(problem, slack):
+    """Every baseline on random problems: a valid plan (or a stated reason) no better than the bounds;
+    and under any limit at or above min_memory, best_heuristic always finds a plan that fits."""
+    from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
+
+    doc = problem.model_dump()
+    extra = slack * sum(s.activation_mib for s in problem.stages)
+    for d, needed in enumerate(min_memory(problem)):
+        doc["devices"][d]["memory_limit_mib"] = needed + extra
+    for pr in (problem, Problem.model_validate(doc)):
+        bound, needed = lower_bound(pr), min_memory(pr)
+        for name in NAMES:
+            try:
+                plan = run_baseline(pr, name)
+            except (NotApplicable, DoesNotFit) as exc:
+                assert str(exc)
+                continue
+            assert validate_plan(pr, plan) == [], name
+            assert plan.makespan_ms >= bound - 1e-6, name
+            assert all(p >= n - 1e-6 for p, n in zip(plan.peak_memory_mib, needed)), name
+        best = best_heuristic(pr)
+        assert validate_plan(pr, best) == []
+
+
+def test_infeasible_report_is_json_with_unlimited_devices():
+    """An unlimited device is null in the report, so the service can send it as JSON."""
+    import json
+
+    doc = make_problem(p=2, m=2).model_dump()
+    doc["devices"][0]["memory_limit_mib"] = 0.5
+    doc["devices"][1]["memory_limit_mib"] = None
+    with pytest.raises(MemoryInfeasibleError) as info:
+        check_memory_feasible(Problem.model_validate(doc))
+    report = json.loads(json.dumps(info.value.to_dict(), allow_nan=False))
+    assert report["memory_limit_mib"] == [0.5, None]
+    assert report["min_memory_mib"][0] > 0.5
