@@ -41,8 +41,9 @@ def problem_doc(p: int = 2, m: int = 2, *, chunks: int = 1, placement: str = "lo
     }
 
 
-def make_problem(**kw: Any) -> Problem:
-    return Problem.model_validate(problem_doc(**kw))
+def make_problem(*args: Any, **kw: Any) -> Problem:
+    """`problem_doc(...)` validated; make_problem(4, 8) is P=4, M=8."""
+    return Problem.model_validate(problem_doc(*args, **kw))
 
 
 def _backward(problem: Problem, k: int, i: int) -> list[Op]:
