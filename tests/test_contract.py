@@ -163,6 +163,7 @@ def _respelled() -> dict:
     doc["stages"][0]["activation_mib"] = 512
     doc["stages"][0]["forward_ms"] = 1
     doc["devices"][0]["memory_limit_mib"] = 20000
+    doc["num_devices"], doc["num_microbatches"], doc["stages"][1]["device"] = 2.0, 4.0, 1.0  # ints as floats
     doc["metadata"] = {}
     reverse = lambda d: {k: reverse(v) if isinstance(v, dict) else v for k, v in reversed(list(d.items()))}
     doc["stages"] = [reverse(s) for s in doc["stages"]]
