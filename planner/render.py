@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
+from matplotlib import rc_context
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import to_rgb
@@ -236,7 +237,10 @@ def render(problem: Problem, plan: Plan, fmt: str = "png", options: RenderOption
     fmt = fmt.lower().lstrip(".")
     if fmt not in ("png", "svg"):
         raise ValueError(f"format: expected png or svg, got {fmt!r}")
-    fig = gantt_figure(problem, plan, options)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format=fmt, dpi=options.dpi, metadata={"Software": None} if fmt == "png" else {"Date": None})
+    # SVG text stays text (small, searchable, editable in a paper's figure), not glyph outlines
+    with rc_context({"svg.fonttype": "none", "svg.hashsalt": "pipeplan"}):
+        fig = gantt_figure(problem, plan, options)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format=fmt, dpi=options.dpi,
+                    metadata={"Software": None} if fmt == "png" else {"Date": None})
     return buffer.getvalue()
