@@ -22,7 +22,9 @@ def test_png_and_svg_bytes():
     png = render(problem, plan, "png")
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
     assert render(problem, plan, "png") == png  # no timestamps: the same plan gives the same file
-    assert b"<svg" in render(problem, plan, ".SVG")[:400]
+    svg = render(problem, plan, ".SVG")
+    assert b"<svg" in svg[:400] and b"<text" in svg  # labels stay text
+    assert render(problem, plan, "svg") == svg
     with pytest.raises(ValueError, match="format: expected png or svg"):
         render(problem, plan, "pdf")
 
