@@ -237,7 +237,8 @@ def render(problem: Problem, plan: Plan, fmt: str = "png", options: RenderOption
     fmt = fmt.lower().lstrip(".")
     if fmt not in ("png", "svg"):
         raise ValueError(f"format: expected png or svg, got {fmt!r}")
-    # SVG text stays text (small, searchable, editable in a paper's figure), not glyph outlines
+    # SVG text stays text (searchable, editable in a paper's figure), not glyph outlines; the salt
+    # keeps most element ids stable between runs (clip-path ids still follow object identity)
     with rc_context({"svg.fonttype": "none", "svg.hashsalt": "pipeplan"}):
         fig = gantt_figure(problem, plan, options)
         buffer = io.BytesIO()
