@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.baselines import NAMES, DoesNotFit, NotApplicable, run_baseline  # noqa: E402
-from planner.bounds import lower_bound  # noqa: E402
-from planner.contract import Problem  # noqa: E402
+from planner.baselines import NAMES, DoesNotFit, NotApplicable, run_baseline
+from planner.bounds import lower_bound
+from planner.contract import Problem
 
 
 @dataclass(frozen=True)
