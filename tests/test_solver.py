@@ -156,3 +156,15 @@ def test_stop_during_seeding_of_a_big_problem_returns_the_first_plan_quickly():
     assert time.monotonic() - started < 3.0
     assert result.plan.makespan_ms == seen[-1].makespan_ms
     assert validate_plan(problem, result.plan) == []
+
+
+def test_milp_with_offload_binaries_proves_the_cpsat_optimum():
+    problem = make_problem(p=2, m=2, limit=150.0, offload=True, offload_ms=0.7, b=1.5)
+    seed = plan_of(problem, serialized(problem))
+    a = solve(problem, 3.0, hint=seed, engine="cpsat", deterministic=True)
+    assert a.status == "optimal" and a.lower_bound_ms < a.plan.makespan_ms
+    assert any(op.kind == "OFFLOAD" for d in a.plan.devices for op in d.ops)
+    b = solve(problem, 3.0, hint=a.plan, engine="milp")  # warm start: SCIP has only to prove it
+    assert b.status == "optimal"
+    assert b.solver_bound_ms == pytest.approx(a.plan.makespan_ms)
+    assert validate_plan(problem, b.plan) == []

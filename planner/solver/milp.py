@@ -3,9 +3,10 @@
 Continuous start times; one ordering binary per pair of ops on a device's compute lane that the
 precedence closure (with the valid symmetry "stage 0 forwards in microbatch order") leaves
 unordered; big-M disjunctions with the horizon as M; triangle (transitivity) cuts; memory checked at
-every allocation event (a forward's start) as a linear sum over the ordering binaries; warm start
-from the incumbent. Honest limits: offload and recompute are not modelled (its plans use neither, so
-with those options it proves nothing), and it is meant for modest sizes — above MAX_LANE_OPS ops per
+every allocation event (a forward's or a reload's start) as a linear sum over the ordering binaries
+and cross-lane indicator binaries; offload binaries with conditional copy-lane disjunctions; warm
+start from the incumbent. Honest limits: recompute is not modelled (its plans never recompute, so
+with that option it proves nothing), and it is meant for modest sizes — above MAX_LANE_OPS ops per
 compute lane it declines and the caller keeps the incumbent. CP-SAT is the default engine.
 """
 
@@ -19,9 +20,9 @@ from ortools.linear_solver import pywraplp
 
 from ..contract import Problem
 from ..ops import Choice, Kind, Op, duration
-from ..simulator import build_plan, simulate
+from ..simulator import Timing, build_plan, schedule_from_plan, simulate
 from .convert import plan_times, schedule_of
-from ..simulator import Timing
+from ..validator import validate_plan
 from .incumbent import Incumbent
 
 MAX_LANE_OPS = 72
@@ -143,31 +144,10 @@ def _run(problem, inc, deadline, stop, notes):
             solver.Add(y[(a, b)] + y[(b, c)] - y[(a, c)] <= 1)
             solver.Add(-y[(a, b)] - y[(b, c)] + y[(a, c)] <= 0)
             triangles += 2
-    # Memory at every forward start (the only allocations without offload/recompute).
-    memory_rows = 0
-    for d, lane_ops in lanes.items():
-        limit = problem.limit_of(d)
-        if limit == float("inf"):
-            continue
-        cap = limit - problem.devices[d].static_mib
-        forwards = [o for o in lane_ops if o.kind is Kind.F]
-        for e in forwards:
-            terms = []
-            for o in lane_ops:
-                st = problem.stages[o.stage]
-                a, g = st.activation_mib, (st.weight_grad_mib if problem.options.split_backward else 0.0)
-                if o.kind is Kind.F:
-                    terms.append(a * (1 if o == e else prec(o, e)))
-                elif o.kind is Kind.B:
-                    terms.append(-(a - g) * prec(o, e))
-                elif o.kind is Kind.W:
-                    terms.append(-g * prec(o, e))
-                else:
-                    terms.append(-a * prec(o, e))
-            solver.Add(solver.Sum(terms) <= cap)
-            memory_rows += 1
+    off = _offload_vars(problem, solver, lanes, s, dur, horizon)
+    memory_rows = _memory_rows(problem, solver, lanes, s, dur, prec, off, horizon)
     solver.Minimize(cmax)
-    _warm_start(problem, inc, solver, s, y, cmax)
+    _warm_start(problem, inc, solver, s, y, cmax, off)
     remaining = deadline - time.monotonic()
     if remaining <= 0.1:
         return None, False
@@ -189,9 +169,14 @@ def _run(problem, inc, deadline, stop, notes):
     if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
         return None, False
     times = {op: (s[op].solution_value(), s[op].solution_value() + dur[op]) for op in ops}
+    for (k, i), (x, so, sr) in off.items():
+        if x.solution_value() > 0.5:
+            st = problem.stages[k]
+            times[Op(Kind.OFFLOAD, k, i)] = (so.solution_value(), so.solution_value() + st.offload_ms)
+            times[Op(Kind.RELOAD, k, i)] = (sr.solution_value(), sr.solution_value() + st.reload_ms)
     _offer(problem, inc, times)
     bound = solver.Objective().BestBound()
-    exact = not (problem.options.offload or problem.options.recompute) or all(
+    exact = not problem.options.recompute or all(
         problem.limit_of(d) == float("inf") for d in range(problem.num_devices))
     proven = status == pywraplp.Solver.OPTIMAL and exact
     return (bound if exact else None), proven
@@ -202,26 +187,38 @@ def _offer(problem: Problem, inc: Incumbent, times: dict[Op, tuple[float, float]
     t0 = min(a for a, _ in times.values())
     times = {op: (a - t0, b - t0) for op, (a, b) in times.items()}
     schedule = schedule_of(problem, times)
-    choices = {(op.stage, op.mb): Choice(problem.options.split_backward) for op in times}
-    try:
-        timing = simulate(problem, schedule)
-        inc.offer(build_plan(problem, schedule, timing, "milp (scip)", inc.key))
+    offloaded = {(op.stage, op.mb) for op in times if op.kind is Kind.OFFLOAD}
+    choices = {(op.stage, op.mb): Choice(problem.options.split_backward, (op.stage, op.mb) in offloaded)
+               for op in times}
+    exact = build_plan(problem, schedule, Timing(times, choices), "milp (scip)", inc.key)
+    inc.offer(exact)
+    try:  # ASAP by the MILP's orders, reloads kept behind the compute op they followed
+        retimed = schedule_from_plan(exact)
+        plan = build_plan(problem, retimed, simulate(problem, retimed), "milp (scip)", inc.key)
+        if not validate_plan(problem, plan, inc.key):  # pulling an allocation earlier may not fit
+            inc.offer(plan)
     except ValueError:
         pass
-    inc.offer(build_plan(problem, schedule, Timing(times, choices), "milp (scip)", inc.key))
 
 
-def _warm_start(problem: Problem, inc: Incumbent, solver, s, y, cmax) -> None:
-    """Hint the incumbent (AdaOffload-style warm start) when it uses neither offload nor recompute."""
+def _warm_start(problem: Problem, inc: Incumbent, solver, s, y, cmax, off) -> None:
+    """Hint the incumbent (its offloads included) when it does not recompute."""
     if inc.plan is None:
         return
     try:
         times, choices = plan_times(inc.plan, problem.options.split_backward, problem)
     except ValueError:
         return
-    if any(c.offload or c.recompute for c in choices.values()):
+    if any(c.recompute or (c.offload and pair not in off) for pair, c in choices.items()):
         return
     variables, values = [cmax], [inc.makespan]
+    for (k, i), (x, so, sr) in off.items():
+        present = choices[(k, i)].offload
+        variables += [x]
+        values += [1.0 if present else 0.0]
+        if present:
+            variables += [so, sr]
+            values += [times[Op(Kind.OFFLOAD, k, i)][0], times[Op(Kind.RELOAD, k, i)][0]]
     for op, var in s.items():
         variables.append(var)
         values.append(times[op][0])
@@ -229,3 +226,105 @@ def _warm_start(problem: Problem, inc: Incumbent, solver, s, y, cmax) -> None:
         variables.append(var)
         values.append(1.0 if times[a][0] < times[b][0] else 0.0)
     solver.SetHint(variables, values)
+
+
+EPS_MS = 1e-4  # an allocation counted as "after" an event starts at least this much later
+
+
+def _offload_vars(problem: Problem, solver, lanes, s, dur, horizon) -> dict:
+    """(presence, OFFLOAD start, RELOAD start) per offloadable pair on a device with a finite limit,
+    with conditional precedences and big-M disjunctions on the two copy lanes."""
+    off: dict[tuple[int, int], tuple] = {}
+    if not problem.options.offload:
+        return off
+    big = 2 * horizon + 1
+    for d, lane_ops in lanes.items():
+        if problem.limit_of(d) == float("inf"):
+            continue
+        mine = []
+        for op in lane_ops:
+            st = problem.stages[op.stage]
+            if op.kind is not Kind.F or (st.offloadable_mib or 0.0) <= 0:
+                continue
+            k, i = op.stage, op.mb
+            x = solver.BoolVar(f"x_{k}_{i}")
+            so = solver.NumVar(0.0, horizon, f"so_{k}_{i}")
+            sr = solver.NumVar(0.0, horizon, f"sr_{k}_{i}")
+            back = Op(Kind.B if problem.options.split_backward else Kind.BW, k, i)
+            solver.Add(so >= s[op] + dur[op] - big * (1 - x))
+            solver.Add(sr >= so + st.offload_ms - big * (1 - x))
+            solver.Add(s[back] >= sr + st.reload_ms - big * (1 - x))
+            off[(k, i)] = (x, so, sr)
+            mine.append((k, i))
+        for n, p in enumerate(mine):
+            for q in mine[n + 1:]:
+                xp, xq = off[p][0], off[q][0]
+                for idx, length in ((1, "offload_ms"), (2, "reload_ms")):
+                    a, b = off[p][idx], off[q][idx]
+                    da, db = getattr(problem.stages[p[0]], length), getattr(problem.stages[q[0]], length)
+                    z = solver.BoolVar("")
+                    solver.Add(b >= a + da - big * (1 - z) - big * (2 - xp - xq))
+                    solver.Add(a >= b + db - big * z - big * (2 - xp - xq))
+    return off
+
+
+def _memory_rows(problem: Problem, solver, lanes, s, dur, prec, off, horizon) -> int:
+    """Memory at every allocation event (forward starts, reload starts) as a linear sum: same-lane
+    order from the ordering binaries, across lanes from indicator binaries that may only under-count
+    frees and over-count allocations (each tied to the times by one big-M row)."""
+    big = 2 * horizon + 1
+    split = problem.options.split_backward
+    rows = 0
+
+    def freed(end, at, present=None):
+        u = solver.BoolVar("")
+        solver.Add(end <= at + big * (1 - u))
+        if present is not None:
+            solver.Add(u <= present)
+        return u
+
+    def allocated(start, at, present=None):
+        v = solver.BoolVar("")
+        slack = 0 if present is None else big * (1 - present)
+        solver.Add(start >= at + EPS_MS - big * v - slack)
+        return v
+
+    for d, lane_ops in lanes.items():
+        limit = problem.limit_of(d)
+        if limit == float("inf"):
+            continue
+        cap = limit - problem.devices[d].static_mib
+        pairs = sorted({(o.stage, o.mb) for o in lane_ops})
+        total = sum(problem.stages[k].activation_mib + (problem.stages[k].offloadable_mib or 0.0) for k, _ in pairs)
+        events = [(Op(Kind.F, k, i), None) for k, i in pairs] + [(None, p) for p in pairs if p in off]
+        for fwd, rel in events:
+            at = s[fwd] if fwd is not None else off[rel][2]
+            terms = []
+            for k, i in pairs:
+                st = problem.stages[k]
+                a, g = st.activation_mib, (st.weight_grad_mib if split else 0.0)
+                f_op = Op(Kind.F, k, i)
+                b_op = Op(Kind.B if split else Kind.BW, k, i)
+                if fwd is not None:
+                    terms.append(a * (1 if f_op == fwd else prec(f_op, fwd)))
+                    terms.append(-(a - g) * prec(b_op, fwd))
+                    if split and g:
+                        terms.append(-g * prec(Op(Kind.W, k, i), fwd))
+                else:
+                    terms.append(a * allocated(s[f_op], at))
+                    terms.append(-(a - g) * freed(s[b_op] + dur[b_op], at))
+                    if split and g:
+                        w_op = Op(Kind.W, k, i)
+                        terms.append(-g * freed(s[w_op] + dur[w_op], at))
+                if (k, i) in off:
+                    x, so, sr = off[(k, i)]
+                    o = st.offloadable_mib or 0.0
+                    terms.append(-o * freed(so + st.offload_ms, at, x))
+                    if rel == (k, i):
+                        terms.append(o * x)
+                    else:
+                        terms.append(o * allocated(sr, at, x))
+            slack = 0 if rel is None else total * (1 - off[rel][0])
+            solver.Add(solver.Sum(terms) <= cap + slack)
+            rows += 1
+    return rows
