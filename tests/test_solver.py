@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import threading
 import time
+from itertools import pairwise
 
 import pytest
-
 from core_schedules import make_problem, one_f_one_b, plan_of, serialized
+
 from planner.bounds import MemoryInfeasibleError, min_memory
-from planner.solver import solve
-from planner.solver import cpsat
+from planner.solver import cpsat, solve
 from planner.solver.convert import ticks_of_plan
 from planner.solver.cpsat_model import CpsatModel
 from planner.solver.scaling import scale_for
@@ -33,7 +33,7 @@ def test_streamed_plans_validate_and_strictly_improve_on_the_seed():
     result = solve(problem, 2.0, on_improvement=seen.append, hint=seed, deterministic=True)
     assert seen, "the seed itself is streamed first"
     assert seen[0].makespan_ms <= seed.makespan_ms
-    for a, b in zip(seen, seen[1:]):
+    for a, b in pairwise(seen):
         assert b.makespan_ms < a.makespan_ms
     for plan in seen + [result.plan]:
         assert validate_plan(problem, plan) == []
@@ -100,8 +100,8 @@ def test_a_raising_callback_does_not_stop_the_solve():
 
 
 @pytest.mark.parametrize("kw", [
-    dict(p=4, m=8, limit=400.0),
-    dict(p=4, m=8, limit=250.0, offload=True, recompute=True),
+    {"p": 4, "m": 8, "limit": 400.0},
+    {"p": 4, "m": 8, "limit": 250.0, "offload": True, "recompute": True},
 ])
 def test_cpsat_accepts_the_heuristic_hint_as_complete_and_feasible(kw):
     problem = het(**kw)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from core_schedules import problem_doc
 from typer.testing import CliRunner
 
-from core_schedules import problem_doc
 from pipeplan.cli import app
 from planner.contract import Plan, Problem
 from planner.validator import validate_plan

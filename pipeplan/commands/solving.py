@@ -10,7 +10,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -30,10 +30,10 @@ def solve_cmd(
                                                  help="A problem v1 document or a model spec (detected).")],
     time_limit: Annotated[float, typer.Option("--time-limit", "-t", min=0.0, help="Seconds to search.")] = 30.0,
     engine: Annotated[str, typer.Option("--engine", help="auto, cpsat, lns or milp.")] = "auto",
-    workers: Annotated[Optional[int], typer.Option("--workers", min=1, help="CP-SAT workers (default: settings).")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", min=1, help="CP-SAT workers (default: settings).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Random seed of the search.")] = 0,
     deterministic: Annotated[bool, typer.Option("--deterministic", help="Reproducible search (1 worker).")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the plan here instead of stdout.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the plan here instead of stdout.")] = None,
 ) -> None:
     """Find a schedule faster than every heuristic at the same memory; write the best valid plan v1."""
     from planner.bounds import MemoryInfeasibleError, lower_bound

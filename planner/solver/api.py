@@ -90,12 +90,12 @@ def _seed(problem: Problem, key: str, hint: Plan | None, inc: Incumbent, notes: 
             return
         try:
             inc.offer(run_baseline(problem, name, key))
-        except Exception:  # noqa: BLE001 - NotApplicable, DoesNotFit, or a heuristic's bug
-            continue
+        except Exception as exc:  # noqa: BLE001 - NotApplicable, DoesNotFit, or a heuristic's bug
+            log.debug("baseline %s gave no seed: %s", name, exc)
     if inc.plan is None:
         try:
             inc.offer(best_heuristic(problem, problem_key=key))  # its serialized fallback always fits
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.exception("best_heuristic failed")
             notes.append(f"best_heuristic failed: {exc}")
 
@@ -108,8 +108,8 @@ def _offer_serialized(problem: Problem, key: str, inc: Incumbent) -> None:
         from ..baselines.common import finalize
 
         inc.offer(finalize(problem, serialized_schedule(problem), "serialized", key))
-    except Exception:  # noqa: BLE001 - only a head start; the baselines follow
-        pass
+    except Exception as exc:  # noqa: BLE001 - only a head start; the baselines follow
+        log.debug("serialized seed failed: %s", exc)
 
 
 def _adapt_hint(problem: Problem, key: str, hint: Plan) -> Plan | None:

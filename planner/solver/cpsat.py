@@ -48,7 +48,7 @@ class _Callback(cp_model.CpSolverSolutionCallback):
             self.inc.offer(plan, (starts, choices))
             if self.inc.makespan <= self.target_ms + 1e-6:
                 self.stop_search()  # the incumbent meets the lower bound: nothing left to find
-        except Exception:  # noqa: BLE001
+        except Exception:
             self.errors += 1
             log.exception("CP-SAT solution callback failed")
 
@@ -86,13 +86,14 @@ def sum_of_work(problem: Problem, scale: Scale) -> int:
 
 
 def run(problem: Problem, inc: Incumbent, scale: Scale, seconds: float, stop: threading.Event | None,
-        workers: int, seed: int = 0, deterministic: bool = False, options: ModelOptions = ModelOptions(),
+        workers: int, seed: int = 0, deterministic: bool = False, options: ModelOptions | None = None,
         free: set | None = None, method: str = "cp-sat", check_hint: bool = False,
         log_search: bool = False, base: tuple | None = None, presolve: bool = True,
         free_ops: set | None = None, fix_before: int | None = None) -> RunOutcome:
     """Build, hint, solve. `free` set: a large-neighbourhood step around `base` (ticks; default:
     the incumbent's)."""
     started = time.monotonic()
+    options = options or ModelOptions()
     if base is not None:
         starts, choices, work = base[0], base[1], None
     else:

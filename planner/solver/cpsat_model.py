@@ -15,6 +15,7 @@ contract's memory deltas (see `_pieces`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from ortools.sat.python import cp_model
 
@@ -51,7 +52,8 @@ class CpsatModel:
     """Builds the model; `hint`, `fix_outside` and `read` speak in ops and integer ticks."""
 
     def __init__(self, problem: Problem, scale: Scale, horizon: int, lower: int = 0,
-                 options: ModelOptions = ModelOptions()):
+                 options: ModelOptions | None = None):
+        options = options or ModelOptions()
         self.p = problem
         self.sc = scale
         self.h = horizon
@@ -279,7 +281,7 @@ class CpsatModel:
             lanes.setdefault((self.p.stages[op.stage].device, lane), []).append((s, var, self._dur(op)))
         for seq in lanes.values():
             seq.sort(key=lambda x: x[0])
-            for (_, va, da), (_, vb, _) in zip(seq, seq[1:]):
+            for (_, va, da), (_, vb, _) in pairwise(seq):
                 m.add(vb >= va + da)
 
     def _dur(self, op: Op) -> int:

@@ -72,7 +72,7 @@ class Incumbent:
             if self.on_improvement is not None:
                 try:
                     self.on_improvement(plan)
-                except Exception:  # noqa: BLE001 - a caller's bug must not end the solve
+                except Exception:
                     self.callback_errors += 1
                     log.exception("on_improvement callback raised; solving continues")
         return True

@@ -22,7 +22,6 @@ from .cpsat_model import ModelOptions
 from .incumbent import Incumbent
 from .scaling import Scale
 
-
 PRESOLVE_PAIRS = 1024  # above this many pairs, presolve costs more than a step is worth
 
 

@@ -21,8 +21,8 @@ from ortools.linear_solver import pywraplp
 from ..contract import Problem
 from ..ops import Choice, Kind, Op, duration
 from ..simulator import Timing, build_plan, schedule_from_plan, simulate
-from .convert import plan_times, schedule_of
 from ..validator import validate_plan
+from .convert import plan_times, schedule_of
 from .incumbent import Incumbent
 
 MAX_LANE_OPS = 72

@@ -35,10 +35,10 @@ class Scale:
         """Duration in ticks, rounded up (see module docstring)."""
         x = ms * self.time_scale
         r = round(x)
-        return int(r) if abs(x - r) <= 1e-9 * max(1.0, abs(x)) else int(math.ceil(x))
+        return r if abs(x - r) <= 1e-9 * max(1.0, abs(x)) else math.ceil(x)
 
     def m(self, mib: float) -> int:
-        return int(round(mib * self.mem_scale))
+        return round(mib * self.mem_scale)
 
     def ms(self, ticks: float) -> float:
         return ticks / self.time_scale
