@@ -15,6 +15,7 @@ from ..contract import Plan, Problem
 from ..simulator import build_plan, schedule_from_plan, simulate
 from ..validator import validate_plan
 from .incumbent import EPS_MS, Incumbent
+from .memory_bound import memory_lower_bound
 from .scaling import scale_for
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,10 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
     workers = max(1, workers or default_workers())
     notes: list[str] = []
     inc = Incumbent(problem, key, on_improvement, started)
+    lb = lower_bound(problem)
+    memory_lb = memory_lower_bound(problem)
+    if memory_lb > lb:  # every plan, heuristic seeds included, carries the stronger bound
+        inc.raise_bound(memory_lb)
     seeding = threading.Thread(target=_seed, args=(problem, key, hint, inc, notes, stop), daemon=True)
     seeding.start()
     while seeding.is_alive():  # a big problem's baselines take seconds: keep honouring stop
@@ -147,15 +152,16 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
             notes.append("stopped while seeding")
             break
     seed_method = inc.plan.method if inc.plan else "none"
-    lb = lower_bound(problem)
     scale = scale_for(problem)
     pairs = problem.num_stages * problem.num_microbatches
     chosen = engine if engine != "auto" else ("auto" if pairs <= LNS_PAIRS else "lns")
-    solver_bound: float | None = None
-    proven = inc.plan is not None and inc.makespan <= lb + EPS_MS
+    solver_bound: float | None = memory_lb if memory_lb > lb else None
+    proven = inc.plan is not None and inc.makespan <= max(lb, memory_lb) + EPS_MS
     if not proven and not (stop is not None and stop.is_set()):
-        solver_bound, proven = _run_engine(chosen, problem, inc, scale, deadline, stop, workers, seed,
-                                           deterministic, notes)
+        bound, proven = _run_engine(chosen, problem, inc, scale, deadline, stop, workers, seed,
+                                    deterministic, notes)
+        if bound is not None:
+            solver_bound = max(bound, solver_bound or 0.0)
     inc.close()
     if inc.plan is None:
         raise RuntimeError("no valid plan was found (no heuristic seed and the solver found none)")

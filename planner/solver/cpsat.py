@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from ..bounds import lower_bound
 from ..contract import Problem
 from ..ops import duration
 from .convert import plan_from_ticks, ticks_of_plan
 from .cpsat_model import CpsatModel, ModelOptions
 from .incumbent import Incumbent
+from .memory_bound import combined_lower_bound
 from .scaling import Scale
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class _Callback(cp_model.CpSolverSolutionCallback):
         super().__init__()
         self.built, self.inc, self.scale, self.method, self.prove = built, inc, scale, method, prove
         self.errors = 0
-        self.target_ms = lower_bound(built.p)
+        self.target_ms = combined_lower_bound(built.p)
 
     def on_solution_callback(self) -> None:
         try:  # an exception escaping a solver callback can abort the process: keep it here
@@ -101,7 +101,7 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, seconds: float, stop: th
     if starts is not None:
         t0 = min(starts.values())
         starts = {op: s - t0 for op, s in starts.items()}
-    lower = int(lower_bound(problem) * scale.time_scale - 1e-6) if scale.time_exact else 0
+    lower = int(combined_lower_bound(problem) * scale.time_scale - 1e-6) if scale.time_exact else 0
     vals = None
     built = CpsatModel(problem, scale, _horizon(problem, scale, starts, work), lower, options)
     if starts is not None:
