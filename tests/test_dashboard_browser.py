@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from dashboard_fixtures import make_problem, slow_plan
+from service_support import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -30,17 +30,11 @@ if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)", allow_module_level=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`pipeplan serve` on a free port with its own data dir (SQLite), nothing else configured."""
     data_dir = tmp_path_factory.mktemp("pipeplan-serve")
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPEPLAN_")}
     env.update({
         "PIPEPLAN_DATA_DIR": str(data_dir), "PIPEPLAN_SOLVER_WORKERS": "1", "PIPEPLAN_SSE_POLL_S": "1",
