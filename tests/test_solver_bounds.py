@@ -31,7 +31,8 @@ def test_memory_bound_beats_the_plain_bound_and_holds_on_random_small_problems()
     for _ in range(8):
         doc = problem_doc(p=rng.choice([2, 3]), m=rng.choice([2, 3, 4]), chunks=rng.choice([1, 2]),
                           split=rng.random() < 0.7, b=rng.choice([1.0, 1.5]), w=rng.choice([0.5, 1.0]),
-                          weight_grad_mib=rng.choice([0.0, 50.0, 100.0]), p2p=rng.choice([0.0, 0.1]))
+                          weight_grad_mib=rng.choice([0.0, 50.0, 100.0]), p2p=rng.choice([0.0, 0.1]),
+                          offload=rng.random() < 0.3, recompute=rng.random() < 0.3)
         need = max(min_memory(Problem.model_validate(doc)))
         for dev in doc["devices"]:
             dev["memory_limit_mib"] = need * rng.choice([1.0, 1.5])
@@ -44,6 +45,5 @@ def test_memory_bound_beats_the_plain_bound_and_holds_on_random_small_problems()
     assert stronger >= 2
 
 
-def test_memory_bound_does_not_apply_with_offload_or_without_a_limit():
-    assert memory_lower_bound(make_problem(p=3, m=4, offload=True, limit=300.0)) == 0.0
+def test_memory_bound_needs_a_limit():
     assert memory_lower_bound(make_problem(p=3, m=4)) == 0.0
