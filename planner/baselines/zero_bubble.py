@@ -99,11 +99,16 @@ def one_f_one_b_memory(problem: Problem) -> list[float]:
     return out
 
 
-@cached
-def zb_v_schedule(problem: Problem) -> Schedule:
+def _require_zb_v(problem: Problem) -> None:
+    """ZB-V splits the backward and needs stage k and 2P-1-k on one device."""
     require_split(problem, "zb-v")
     if not is_v_placement(problem):
         raise NotApplicable("zb-v needs V placement: 2 stages per device, stage k and 2P-1-k together")
+
+
+@cached
+def zb_v_schedule(problem: Problem) -> Schedule:
+    _require_zb_v(problem)
     budget = one_f_one_b_memory(problem)
     caps = [min(b, problem.limit_of(d)) for d, b in enumerate(budget)]
     return _run(problem, EngineConfig(split=True, mem_cap=caps, prefer_late_forward=True), "zb-v")
@@ -112,9 +117,7 @@ def zb_v_schedule(problem: Problem) -> Schedule:
 @cached
 def zb_v_tight_schedule(problem: Problem) -> Schedule:
     """ZB-V without the later-chunk reserve: denser when it does not block (it may, then N/A)."""
-    require_split(problem, "zb-v")
-    if not is_v_placement(problem):
-        raise NotApplicable("zb-v needs V placement: 2 stages per device, stage k and 2P-1-k together")
+    _require_zb_v(problem)
     twin = unit_twin(problem)
     caps = [min(b, problem.limit_of(d)) for d, b in enumerate(one_f_one_b_memory(twin))]
     return _run(twin, EngineConfig(split=True, mem_cap=caps, prefer_late_forward=True,
@@ -124,9 +127,7 @@ def zb_v_tight_schedule(problem: Problem) -> Schedule:
 @cached
 def zb_v_pattern_schedule(problem: Problem) -> Schedule:
     """ZB-V's pattern on the unit-cost twin (re-timed with the real costs by the caller)."""
-    require_split(problem, "zb-v")
-    if not is_v_placement(problem):
-        raise NotApplicable("zb-v needs V placement: 2 stages per device, stage k and 2P-1-k together")
+    _require_zb_v(problem)
     twin = unit_twin(problem)
     budget = one_f_one_b_memory(twin)
     caps = [min(b, problem.limit_of(d)) for d, b in enumerate(budget)]
@@ -160,9 +161,7 @@ def _zb_v_static(problem: Problem, main: tuple[str, ...]) -> Schedule:
     (P-i-1) x W B0; then the remaining W's. W is always the oldest pending one. In the memory model
     where W holds the activation it peaks at 1F1B's memory plus one chunk activation.
     """
-    require_split(problem, "zb-v")
-    if not is_v_placement(problem):
-        raise NotApplicable("zb-v needs V placement: 2 stages per device, stage k and 2P-1-k together")
+    _require_zb_v(problem)
     p, m = problem.num_devices, problem.num_microbatches
     if m < 2 * p - 1:
         raise NotApplicable(f"zb-v's hand-made order needs M >= 2P-1 = {2 * p - 1}")
