@@ -9,12 +9,31 @@ device is busy at most `F_max + (T_free - T_b)` before `T_free`, and all the res
 after: makespan >= T_free + work - busy_before. With offload allowed, an OFFLOAD end can be the
 first free (at the earliest forward end plus the copy); with recompute allowed, a forward may hold
 only its checkpoint.
+
+The same argument at the other end (`_tail_bound`): after a device's last backward-input op ends,
+only W's remain there, and each pending W still holds its `weight_grad_mib`, so at most a memory's
+worth of W work can follow; meanwhile the backward chain of that microbatch runs down to stage 0
+and its W. With an activation held until W (DESIGN.md section 4) this is what stops memory below
+1F1B's from reaching the unlimited makespan: e.g. uni P=8, M=32 at half memory needs >= 107, not
+103 (4 pending W's on the last device, then 7 B's and a W).
 """
 
 from __future__ import annotations
 
-from ..bounds import first_backward_start, forward_head
+from ..bounds import backward_tail, first_backward_start, forward_head
 from ..contract import Problem
+
+
+def _knapsack(capacity: float, items: list[tuple[float, float, float]]) -> float:
+    """Most value from (value per unit, size per unit, units available) items, fractionally, within
+    `capacity`; an item of size 0 is taken whole."""
+    value = 0.0
+    for per, size, count in sorted(items, key=lambda x: x[0] / x[1] if x[1] > 0 else float("inf"),
+                                   reverse=True):
+        n = count if size <= 0 else min(count, max(0.0, capacity) / size)
+        value += n * per
+        capacity -= n * size
+    return value
 
 
 def memory_lower_bound(problem: Problem) -> float:
@@ -46,21 +65,31 @@ def memory_lower_bound(problem: Problem) -> float:
                     if opts.recompute else problem.stages[k].activation_mib) for k in stages}
         if any(held[k] <= 0 for k in stages):
             continue  # a forward that holds nothing is not limited by memory
-        # Forward work that fits in `cap` before any free: fractional knapsack, capped at M per stage.
-        by_ratio = sorted(stages, key=lambda k: problem.stages[k].forward_ms / held[k], reverse=True)
-        room, forward = cap, 0.0
-        for k in by_ratio:
-            s = problem.stages[k]
-            n = min(float(m), room / held[k])
-            forward += n * s.forward_ms
-            room -= n * held[k]
-            if room <= 0:
-                break
+        # Forward work that fits in `cap` before any free, capped at M per stage.
+        forward = _knapsack(cap, [(problem.stages[k].forward_ms, held[k], float(m)) for k in stages])
         busy_before = min(t_free, forward + max(0.0, t_free - t_b))
         work = m * sum(problem.stages[k].forward_ms + problem.stages[k].backward_input_ms
                        + problem.stages[k].backward_weight_ms for k in stages)
         best = max(best, t_free + work - busy_before)
+        if split:
+            best = max(best, _tail_bound(problem, stages, cap, work, t_free, busy_before))
     return best
+
+
+def _tail_bound(problem: Problem, stages: list[int], cap: float, work: float, t_free: float,
+                busy_before: float) -> float:
+    """makespan >= T + chain, where T (the device's last backward-input end) is at least the work
+    that cannot come after it: everything but the W's whose weight gradients fit in memory at T.
+    Before min(t_free, earliest possible T) the device is busy at most `busy_before`."""
+    m = float(problem.num_microbatches)
+    after = _knapsack(cap, [(problem.stages[k].backward_weight_ms, problem.stages[k].weight_grad_mib, m)
+                            for k in stages])
+    head = min(forward_head(problem, k) for k in stages)
+    earliest_t = min(first_backward_start(problem, k) + problem.stages[k].backward_input_ms for k in stages)
+    t_known = min(t_free, earliest_t)
+    last_b_end = max(head + work - after, t_known + work - after - min(t_known, busy_before))
+    chain = min(backward_tail(problem, k) for k in stages) + problem.stages[0].backward_weight_ms
+    return last_b_end + chain
 
 
 def combined_lower_bound(problem: Problem) -> float:
