@@ -14,6 +14,7 @@ from collections.abc import Callable
 from ..contract import Plan, Problem
 from ..ops import BACKWARD_KINDS, Kind, Op
 from ..simulator import ScheduleError, Timing, simulate
+from .engine import EngineConfig, run_engine
 from .classic import gpipe_orders, interleaved_schedule, one_f_one_b_orders
 from .common import (
     TOL,
@@ -181,10 +182,38 @@ def adaoffload_outcome(problem: Problem) -> Outcome:
     return best
 
 
+def _throttled_uniform(problem: Problem) -> Outcome:
+    """Uniform offload on 1F1B (one stage per device) where a forward waits until its device has
+    memory: what a runtime does when the host link cannot keep up. The fixed orders above simply
+    overflow then (half memory, 3-ms copies: every one does not fit), so without this the slow-link
+    comparison would have no PipeOffload figure at all. W right after B (1F1B) or filling gaps."""
+    if problem.chunks != 1 or not problem.options.split_backward:
+        raise NotApplicable("throttled uniform offload: one stage per device with split backward")
+    s = problem.num_stages
+    limits = [problem.limit_of(d) for d in range(problem.num_devices)]
+    uniform = {k for k in range(s - 1) if problem.stages[k].offloadable_mib > 0}
+    best: Outcome | None = None
+    for w in ("1f1b", "fill"):
+        lean = w == "1f1b"
+        cfg = EngineConfig(split=True, cap=[s - k for k in range(s)], mem_cap=limits,
+                           treat=lambda k, i: "offload" if k in uniform else None,
+                           w_lag=[10**9] * s if lean else None, w_tail=[s] * s if lean else None)
+        schedule = run_engine(problem, cfg)
+        if schedule is not None:
+            try:
+                best = better(best, evaluate(problem, schedule, f"pipeoffload(uniform, throttled, W {w})"))
+            except (DoesNotFit, ScheduleError):
+                continue
+    if best is None:
+        raise NotApplicable("throttled uniform offload blocked")
+    return best
+
+
 def pipeoffload_outcome(problem: Problem) -> Outcome:
     """PipeOffload-style: offload every activation whose stage is not the last of the pipeline
     (uniform), or only those that live longer than their round trip (selective), on 1F1B /
-    interleaved 1F1B / ZB-H1; the fastest that fits wins."""
+    interleaved 1F1B / ZB-H1, and uniform on 1F1B with memory-throttled forwards; the fastest
+    that fits wins."""
     if not problem.options.offload:
         raise NotApplicable("pipeoffload needs options.offload")
     s, m = problem.num_stages, problem.num_microbatches
@@ -208,6 +237,10 @@ def pipeoffload_outcome(problem: Problem) -> Outcome:
                                              f"pipeoffload({kind}, {base}, {len(treat)} offloads)"))
             except DoesNotFit as exc:
                 last_error = exc
+    try:
+        best = better(best, _throttled_uniform(problem))
+    except (DoesNotFit, NotApplicable) as exc:
+        last_error = last_error or exc
     if best is None:
         raise last_error or NotApplicable("pipeoffload: no base schedule applies")
     return best
