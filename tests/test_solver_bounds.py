@@ -53,6 +53,16 @@ def test_tail_bound_is_tight_where_pending_weight_gradients_fill_memory(blind_so
     assert solve(problem, 10.0, engine="cpsat", deterministic=True).plan.gap == 0.0
 
 
+def test_drain_bound_is_tight_at_one_f_one_b_memory(blind_solve):
+    """het P=4, M=8 at 1F1B's memory: idle before the first free (the head) and between the last
+    forward and its backward (the drain, capped by the pending work memory holds) add up to the
+    optimum, which no search could improve on (the P=8 and P=32 benchmark cases are the same)."""
+    problem = make_problem(p=4, m=8, limit=400.0, weight_grad_mib=100.0, b=1.2, w=0.8, p2p=0.05)
+    assert memory_lower_bound(problem) == pytest.approx(28.8)
+    result = blind_solve(problem, 10.0, engine="cpsat", deterministic=True)
+    assert result.status == "optimal" and result.plan.makespan_ms == pytest.approx(28.8)
+
+
 def test_memory_bound_beats_the_plain_bound_and_holds_on_random_small_problems(blind_solve):
     rng = random.Random(3)
     stronger = 0
