@@ -35,6 +35,7 @@ NAMES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "greedy"
 __all__ = [
     "NAMES",
     "BaselineResult",
+    "LARGE_OPS",
     "DoesNotFit",
     "NotApplicable",
     "best_heuristic",

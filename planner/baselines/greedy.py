@@ -7,6 +7,7 @@ bounds.min_memory) answers, so greedy always returns a plan for a feasible budge
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from ..bounds import first_backward_start, forward_head
 from ..contract import Plan, Problem
@@ -154,13 +155,15 @@ PATTERNS = (("greedy(zb-h1 pattern)", zb_h1_lean_schedule), ("greedy(zb-h2 patte
             ("greedy(zb-v lean pattern)", zb_v_static_lean_schedule))
 
 
-def greedy_outcome(problem: Problem) -> Outcome:
+def greedy_outcome(problem: Problem, ops_budget: int | None = OPS_BUDGET,
+                   keep_going: Callable[[], bool] = lambda: True) -> Outcome:
     """Fastest fitting variant of the memory-aware engine, else the serialized schedule.
 
     The unit-cost zero-bubble patterns (re-timed) are tried first: at 1F1B's memory they are often
     best. Engine variants follow, most promising first (reducing activations first when no pattern
-    fits the limits); on large problems only as many as OPS_BUDGET allows (at least two, and always
-    until one fits).
+    fits the limits); on large problems only as many as `ops_budget` allows (at least two, and always
+    until one fits; None = all of them, for the solver, which has the time); `keep_going()` returning
+    False ends the search with the best so far.
     """
     best: Outcome | None = None
     pattern_fits = False
@@ -186,9 +189,9 @@ def greedy_outcome(problem: Problem) -> Outcome:
              for treat_name, treat in treats]
     tries.sort(key=lambda x: (x[0] == "") == reduce_first)  # stable: keeps _variants' order
     ops = 3 * problem.num_stages * problem.num_microbatches
-    budget = max(2, OPS_BUDGET // max(1, ops))
+    budget = len(tries) if ops_budget is None else max(2, ops_budget // max(1, ops))
     for runs, (treat_name, treat, name, cfg) in enumerate(tries):
-        if runs >= budget and best is not None:
+        if (runs >= budget or not keep_going()) and best is not None:
             break
         cfg = EngineConfig(**{**cfg.__dict__, "treat": treat})
         schedule = run_engine(problem, cfg)

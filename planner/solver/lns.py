@@ -2,10 +2,11 @@
 
 Each step frees a neighbourhood of the current solution — the ops of a band of devices over a time
 window, or whole (stage, microbatch) pairs around a time window, a window of microbatches or a band
-of devices — and keeps every other op's choice and per-lane order (their times still move). CP-SAT re-optimizes that, hinted with the incumbent, for
-a few seconds (without presolve above PRESOLVE_PAIRS pairs: at P=32, M=128 presolve alone took ~5 s);
-improvements stream through the incumbent. The neighbourhood grows when steps are
-solved to optimality without gain and shrinks when they time out.
+of devices — and keeps every other op's choice and per-lane order (their times still move).
+CP-SAT re-optimizes that, hinted with the incumbent, for a few seconds; improvements stream through
+the incumbent. The neighbourhood grows when steps are solved to optimality without gain and shrinks
+when they time out. Above PRESOLVE_PAIRS pairs (at P=32, M=128 presolve alone took ~5 s) a step is
+instead a fixed-size time window over every device in the schedule's later half, without presolve.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ from .incumbent import Incumbent
 from .scaling import Scale
 
 PRESOLVE_PAIRS = 1024  # above this many pairs, presolve costs more than a step is worth
+# Above PRESOLVE_PAIRS a step is a time window over every device, of about this many ops, in the
+# later half of the schedule (where the makespan is decided; earlier ops keep their starts), with a
+# longer budget: loading the model alone takes seconds there, and a step that times out before its
+# first solution is wasted. Measured on het P=32, M=128, half memory, 3-ms copies: windows of
+# ~1200 ops for 6 s took the greedy seed from 455.3 to 452.5 in 120 s; the small-problem
+# neighbourhoods timed out at 3 s and shrank to nothing (no gain).
+LARGE_WINDOW_OPS = 1200
+LARGE_STEP_S = 6.0
 
 
 def _op_window(problem: Problem, starts: dict[Op, int], rng: random.Random, size: int
@@ -40,6 +49,15 @@ def _op_window(problem: Problem, starts: dict[Op, int], rng: random.Random, size
     a = rng.randrange(0, len(ordered) - n + 1)
     ops = {op for _, op in ordered[a:a + n]}
     return {(op.stage, op.mb) for op in ops}, ops
+
+
+def _late_window(starts: dict[Op, int], rng: random.Random) -> tuple[set[tuple[int, int]], set[Op], int]:
+    """Ops starting in a random time window in the later half: (their pairs, the ops, window start)."""
+    horizon = max(starts.values())
+    width = max(1, horizon * LARGE_WINDOW_OPS // max(1, len(starts)))
+    a = rng.randint(horizon // 2, max(horizon // 2, horizon - width))
+    ops = {op for op, s in starts.items() if a <= s < a + width}
+    return {(op.stage, op.mb) for op in ops}, ops, a
 
 
 def _neighbourhood(problem: Problem, starts: dict[Op, int], rng: random.Random, size: int,
@@ -78,6 +96,7 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, deadline: float, stop: t
     # they timed out and the neighbourhood shrank; plain makespan steps did at least as well.
     options = ModelOptions()
     kinds = ["ops", "ops", "time", "microbatches", "devices"]
+    large = pairs > PRESOLVE_PAIRS
     state, state_ms = None, float("inf")
     while time.monotonic() < deadline - 0.2 and not (stop is not None and stop.is_set()):
         if inc.plan is None:
@@ -86,25 +105,24 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, deadline: float, stop: t
             state = inc.ticks if inc.ticks is not None else ticks_of_plan(problem, inc.plan, scale)
             state_ms = inc.makespan
         starts = state[0]
-        kind = rng.choice(kinds)
-        free_ops = None
-        if kind == "ops":
-            free, free_ops = _op_window(problem, starts, rng, 3 * size, )
+        free_ops = fix_before = None
+        if large:
+            free, free_ops, fix_before = _late_window(starts, rng)
         else:
-            free = _neighbourhood(problem, starts, rng, size, kind)
-        fix_before = None
-        if size >= pairs:
-            free, free_ops = None, None  # the whole problem fits in one step
-        elif pairs > PRESOLVE_PAIRS and free:
-            window = free_ops if free_ops is not None else [op for op in starts if (op.stage, op.mb) in free]
-            fix_before = min(starts[op] for op in window)
+            kind = rng.choice(kinds)
+            if kind == "ops":
+                free, free_ops = _op_window(problem, starts, rng, 3 * size)
+            else:
+                free = _neighbourhood(problem, starts, rng, size, kind)
+            if size >= pairs:
+                free, free_ops = None, None  # the whole problem fits in one step
         before = inc.makespan
-        budget = min(step_s, deadline - time.monotonic())
+        budget = min(LARGE_STEP_S if large else step_s, deadline - time.monotonic())
         if budget <= 0.1:
             break
         out = cpsat.run(problem, inc, scale, budget, stop, workers, seed + steps, deterministic,
                         options, free=free, method="cp-sat lns", base=state,
-                        presolve=pairs <= PRESOLVE_PAIRS, free_ops=free_ops, fix_before=fix_before)
+                        presolve=not large, free_ops=free_ops, fix_before=fix_before)
         steps += 1
         if out.solution is not None and _end(problem, scale, out.solution[0]) <= _end(problem, scale, starts):
             state = out.solution  # same or shorter makespan, more compressed: the next base
