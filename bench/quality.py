@@ -25,9 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.baselines import NAMES, DoesNotFit, NotApplicable, run_baseline
+from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
+from planner.baselines.offload import pipeoffload_outcome
 from planner.bounds import lower_bound
 from planner.contract import Problem
+from planner.solver.memory_bound import memory_lower_bound
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,10 @@ SUITE = [
     Case("het-p16-m32-1p", 16, 32),
     Case("het-p16-m64-half-fast", 16, 64, memory="half", offload="fast"),
     Case("het-p32-m128-1p", 32, 128),
+    Case("het-p32-m128-half-fast", 32, 128, memory="half", offload="fast"),
+    Case("het-p32-m128-half-slow", 32, 128, memory="half", offload="slow"),
 ]
+BIG_SECONDS = 120.0  # the P=32, M=128 cases with a memory limit also run this long (issue 3's target)
 QUICK = ["uni-p4-m8-1p", "het-p8-m32-1p", "het-p8-m32-half-fast", "het-p4-m8-half-slow-rc"]
 
 
@@ -96,6 +101,7 @@ def _solve_child(case: Case, seconds: float, engine: str, conn) -> None:
     try:
         r = solve(problem, seconds, engine=engine, seed=0)
         conn.send({"makespan": r.plan.makespan_ms, "bubble": r.plan.bubble_ratio, "gap": r.plan.gap,
+                   "elapsed": r.elapsed_s,
                    "status": r.status, "first": r.time_to_first_s, "seed": r.seed_method,
                    "bound": r.solver_bound_ms, "notes": r.notes, "method": r.plan.method,
                    "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
@@ -112,6 +118,27 @@ def run_solver(case: Case, seconds: float, engine: str) -> dict:
     out = parent.recv() if parent.poll(seconds + 120) else {"error": "no answer"}
     proc.join(timeout=10)
     return out
+
+
+def best_by(history: list[tuple[float, float]], seconds: float) -> float | None:
+    """Best makespan streamed within `seconds` (history: (elapsed s, makespan ms), improving)."""
+    within = [ms for t, ms in history if t <= seconds]
+    return min(within) if within else None
+
+
+def unlimited_optimum(problem: Problem) -> tuple[float, bool]:
+    """The same problem without memory limits: best heuristic makespan, and whether it is proven."""
+    free = problem.model_copy(update={"devices": [d.model_copy(update={"memory_limit_mib": None})
+                                                  for d in problem.devices]})
+    plan = best_heuristic(free)
+    return plan.makespan_ms, plan.makespan_ms <= lower_bound(free) + 1e-9
+
+
+def uniform_pipeoffload(problem: Problem) -> float | None:
+    try:
+        return pipeoffload_outcome(problem, uniform_only=True).makespan
+    except (NotApplicable, DoesNotFit):
+        return None
 
 
 def baselines(problem: Problem) -> dict[str, float | str]:
@@ -132,19 +159,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", default=None, help="only cases whose name contains this text")
     ap.add_argument("--limits", default=None, help="comma-separated seconds (default 10,60)")
     ap.add_argument("--engines", default="auto,milp", help="comma-separated engines (default auto,milp)")
-    ap.add_argument("--out", type=Path, default=None, help="also write the table here")
+    ap.add_argument("--no-big", action="store_true", help=f"skip the {BIG_SECONDS:g}-s runs of the P=32 cases")
+    ap.add_argument("--out", type=Path, default=None, help="also write the tables here")
     args = ap.parse_args(argv)
     limits = [float(x) for x in (args.limits or ("2,5" if args.quick else "10,60")).split(",")]
     engines = args.engines.split(",")
+    mid = 20.0 if max(limits) > 20.0 else None  # issue 3: "within 1% of the 60-s result after 20 s"
     cases = [c for c in SUITE if (not args.quick or c.name in QUICK) and (not args.only or args.only in c.name)]
     cols = [f"{'cp-sat' if e == 'auto' else e} @{t:g}s" for e in engines for t in limits]
-    lines = ["| case | LB | best baseline | baselines (makespan) | " + " | ".join(cols)
-             + " | bubble | gap | first plan | peak RSS |",
-             "|---|---|---|---|" + "---|" * len(cols) + "---|---|---|---|"]
-    print("\n".join(lines), flush=True)
+    if mid is not None:
+        cols.insert(len(limits) - 1, f"cp-sat @{mid:g}s")
+    out = ["| case | LB | memory bound | best baseline | baselines (makespan) | " + " | ".join(cols)
+           + " | bubble | gap | first plan | peak RSS |",
+           "|---|---|---|---|---|" + "---|" * len(cols) + "---|---|---|---|"]
+    print("\n".join(out), flush=True)
+    targets = []
     for case in cases:
         problem = make_problem(case)
-        lb = lower_bound(problem)
+        lb, mb = lower_bound(problem), memory_lower_bound(problem)
         base = baselines(problem)
         numeric = {k: v for k, v in base.items() if isinstance(v, float)}
         best = min(numeric.items(), key=lambda kv: kv[1]) if numeric else ("-", float("nan"))
@@ -158,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 mark = "*" if r["status"] == "optimal" else ""
                 declined = any(n.startswith("milp declined") for n in r["notes"])
+                if engine == engines[0] and mid is not None and t == max(limits):
+                    at_mid = best_by(r["history"], mid)
+                    cells.append("-" if at_mid is None else f"{at_mid:.2f}")
                 cells.append("too big" if declined else f"{r['makespan']:.2f}{mark}")
                 if engine == engines[0]:
                     last = r
@@ -166,13 +201,56 @@ def main(argv: list[str] | None = None) -> None:
         basetxt = ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in base.items())
         tail = ("| - | - | - | - |" if last is None else
                 f"| {last['bubble']:.3f} | {100 * last['gap']:.2f}% | {last['first']:.2f}s | {last['rss_mib']:.0f} MiB |")
-        line = (f"| {case.name} | {lb:.2f} | {best[0]} {best[1]:.2f} | {basetxt} | " + " | ".join(cells) + " " + tail)
-        lines.append(line)
+        line = (f"| {case.name} | {lb:.2f} | {mb:.2f} | {best[0]} {best[1]:.2f} | {basetxt} | "
+                + " | ".join(cells) + " " + tail)
+        out.append(line)
         print(line, flush=True)
-    print("\n* = proven optimal. bubble, gap (to max(LB, solver bound)), first plan and RSS: first engine's"
-          " longest run.", flush=True)
+        if last is not None:
+            targets.append(target_row(case, problem, last, mb))
+    out.append("")
+    out.append("* = proven optimal. memory bound = the solver's memory-aware bound (planner.solver.memory_bound).")
+    out.append("bubble, gap (to the best proven bound), first plan and RSS: first engine's longest run.")
+    out += ["", "| case | ours | vs unlimited memory | least possible (memory bound) | uniform PipeOffload |"
+            " ours faster by |", "|---|---|---|---|---|---|"] + [row for row in targets if row]
+    print("\n".join(out[-len(targets) - 4:]), flush=True)
+    if not args.no_big and not args.quick:
+        out += ["", big_runs([c for c in cases if c.p == 32 and c.memory != "unlimited" and c.offload != "off"])]
+        print(out[-1], flush=True)
     if args.out:
-        args.out.write_text("\n".join(lines) + "\n")
+        args.out.write_text("\n".join(out) + "\n")
+
+
+def target_row(case: Case, problem: Problem, r: dict, mb: float) -> str | None:
+    """Issue 3's memory targets for one case: ours against the unlimited-memory optimum of the same
+    problem (half memory) and against uniform PipeOffload (any offload case)."""
+    if case.memory in ("unlimited", "1p") and case.offload == "off":
+        return None
+    unlimited, proven = unlimited_optimum(problem)
+    po = uniform_pipeoffload(problem) if case.offload != "off" else None
+    ours = r["makespan"]
+    star = "" if proven else " (heuristic)"
+    po_txt = "-" if case.offload == "off" else ("does not fit" if po is None else f"{po:.2f}")
+    faster = "-" if po is None else f"{100 * (1 - ours / po):.1f}%"
+    return (f"| {case.name} | {ours:.2f} | {unlimited:.2f}{star}: +{100 * (ours / unlimited - 1):.1f}% | "
+            f"{mb:.2f}: +{100 * (max(mb, lower_bound(problem)) / unlimited - 1):.1f}% | {po_txt} | {faster} |")
+
+
+def big_runs(cases: list[Case]) -> str:
+    """Issue 3's scale target: a valid plan within 10 s and improvement by BIG_SECONDS, under 4 GiB."""
+    lines = [f"| case ({BIG_SECONDS:g}-s run) | first plan | best at 10 s | best at {BIG_SECONDS:g} s |"
+             " improvement | memory bound | gap | peak RSS |", "|---|---|---|---|---|---|---|---|"]
+    for case in cases:
+        r = run_solver(case, BIG_SECONDS, "auto")
+        if "error" in r:
+            lines.append(f"| {case.name} | error: {r['error'][:80]} |")
+            continue
+        at10 = best_by(r["history"], 10.0)
+        gain = "-" if at10 is None else f"{100 * (1 - r['makespan'] / at10):.2f}%"
+        lines.append(f"| {case.name} | {r['first']:.2f}s | {'-' if at10 is None else f'{at10:.2f}'} | "
+                     f"{r['makespan']:.2f} | {gain} | {memory_lower_bound(make_problem(case)):.2f} | "
+                     f"{100 * r['gap']:.2f}% | {r['rss_mib']:.0f} MiB |")
+        print(f"  [{case.name} {BIG_SECONDS:g}s: {'; '.join(r['notes'])}]", file=sys.stderr, flush=True)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

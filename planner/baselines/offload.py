@@ -209,11 +209,11 @@ def _throttled_uniform(problem: Problem) -> Outcome:
     return best
 
 
-def pipeoffload_outcome(problem: Problem) -> Outcome:
+def pipeoffload_outcome(problem: Problem, uniform_only: bool = False) -> Outcome:
     """PipeOffload-style: offload every activation whose stage is not the last of the pipeline
     (uniform), or only those that live longer than their round trip (selective), on 1F1B /
     interleaved 1F1B / ZB-H1, and uniform on 1F1B with memory-throttled forwards; the fastest
-    that fits wins."""
+    that fits wins (`uniform_only`: of the uniform ones, the reference the benchmark compares with)."""
     if not problem.options.offload:
         raise NotApplicable("pipeoffload needs options.offload")
     s, m = problem.num_stages, problem.num_microbatches
@@ -232,6 +232,8 @@ def pipeoffload_outcome(problem: Problem) -> Outcome:
                      if life[key][1] - life[key][0] > problem.stages[key[0]].offload_ms
                      + problem.stages[key[0]].reload_ms + TOL}
         for kind, treat in (("uniform", uniform), ("selective", selective)):
+            if uniform_only and kind != "uniform":
+                continue
             try:
                 best = better(best, evaluate(problem, schedule_of(problem, orders, treat),
                                              f"pipeoffload({kind}, {base}, {len(treat)} offloads)"))
