@@ -21,8 +21,7 @@ from planner.solver.memory_bound import memory_lower_bound
 @pytest.fixture
 def blind_solve(monkeypatch):
     """`solve` with only planner.bounds' lower bound: an oracle independent of memory_lower_bound."""
-    import planner.solver.api as api
-    import planner.solver.cpsat as cpsat
+    from planner.solver import api, cpsat
 
     monkeypatch.setattr(cpsat, "combined_lower_bound", lower_bound)
     monkeypatch.setattr(api, "memory_lower_bound", lambda problem: 0.0)

@@ -33,9 +33,9 @@ NAMES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "greedy"
          "adaoffload"]
 
 __all__ = [
+    "LARGE_OPS",
     "NAMES",
     "BaselineResult",
-    "LARGE_OPS",
     "DoesNotFit",
     "NotApplicable",
     "best_heuristic",

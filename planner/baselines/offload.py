@@ -14,7 +14,6 @@ from collections.abc import Callable
 from ..contract import Plan, Problem
 from ..ops import BACKWARD_KINDS, Kind, Op
 from ..simulator import ScheduleError, Timing, simulate
-from .engine import EngineConfig, run_engine
 from .classic import gpipe_orders, interleaved_schedule, one_f_one_b_orders
 from .common import (
     TOL,
@@ -27,6 +26,7 @@ from .common import (
     peaks_of,
     schedule_of,
 )
+from .engine import EngineConfig, run_engine
 from .zero_bubble import (
     zb_h1_lean_schedule,
     zb_h2_schedule,
@@ -185,7 +185,7 @@ def adaoffload_outcome(problem: Problem) -> Outcome:
 def _throttled_uniform(problem: Problem) -> Outcome:
     """Uniform offload on 1F1B (one stage per device) where a forward waits until its device has
     memory: what a runtime does when the host link cannot keep up. The fixed orders above simply
-    overflow then (half memory, 3-ms copies: every one does not fit), so without this the slow-link
+    overflow then (at half memory with 3-ms copies none of them fits), so without this the slow-link
     comparison would have no PipeOffload figure at all. W right after B (1F1B) or filling gaps."""
     if problem.chunks != 1 or not problem.options.split_backward:
         raise NotApplicable("throttled uniform offload: one stage per device with split backward")

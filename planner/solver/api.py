@@ -64,11 +64,12 @@ def default_workers() -> int:
 
 
 # Cheapest baselines first, so the first plan streams within a fraction of a second; greedy (usually
-# the best) before the offload baselines, which take seconds on big problems (adaoffload: 12 s at
-# P=32, M=128) and are skipped there once a pipelined plan exists, as best_heuristic does.
+# the best) before the offload baselines. adaoffload takes 12 s at P=32, M=128 and is skipped on big
+# problems once a pipelined plan exists; pipeoffload (2.4 s there) still runs: it beat greedy's
+# budgeted variants on het P=32, M=128 at half memory (453.3 against 455.3).
 SEED_ORDER = ("1f1b", "zb-h1", "zb-h2", "interleaved-1f1b", "zb-v", "greedy", "pipeoffload", "adaoffload",
               "gpipe")
-SLOW_ON_LARGE = ("pipeoffload", "adaoffload")
+SLOW_ON_LARGE = ("adaoffload",)
 
 
 def _seed(problem: Problem, key: str, hint: Plan | None, inc: Incumbent, notes: list[str],
@@ -104,20 +105,18 @@ def _seed(problem: Problem, key: str, hint: Plan | None, inc: Incumbent, notes: 
             notes.append(f"best_heuristic failed: {exc}")
 
 
-def _widen_greedy(problem: Problem, key: str, inc: Incumbent, deadline: float,
-                  stop: threading.Event | None, notes: list[str]) -> None:
+def _widen_greedy(problem: Problem, key: str, inc: Incumbent, keep_going: Callable[[], bool],
+                  notes: list[str]) -> None:
     """On big problems the seed's greedy tries only a few variants (it must answer inline); the
     solver has the time for all of them. Measured on het P=32, M=128, half memory, 1-ms copies:
-    455.3 -> 443.8 (bound 443.3) in ~12 s, more than CP-SAT windows gain in minutes there."""
+    455.3 -> 443.8 (bound 443.3) in ~16 s, more than CP-SAT windows gain in minutes there."""
     from ..baselines import LARGE_OPS
     from ..baselines.greedy import greedy_outcome
 
     if problem.num_stages * problem.num_microbatches <= LARGE_OPS:
         return  # small problems already ran every variant
-    stop_now = threading.Event() if stop is None else stop
     try:
-        outcome = greedy_outcome(problem, ops_budget=None, keep_going=lambda: (
-            not stop_now.is_set() and time.monotonic() < deadline - 1.0))
+        outcome = greedy_outcome(problem, ops_budget=None, keep_going=keep_going)
         inc.offer(outcome.plan(key))
     except Exception as exc:  # noqa: BLE001 - only an extra seed; the engines follow
         log.debug("widened greedy gave no plan: %s", exc)
@@ -167,24 +166,31 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
     memory_lb = memory_lower_bound(problem)
     if memory_lb > lb:  # every plan, heuristic seeds included, carries the stronger bound
         inc.raise_bound(memory_lb)
+
+    def stopped() -> bool:
+        return stop is not None and stop.is_set()
+
+    def proven() -> bool:
+        return inc.plan is not None and inc.makespan <= max(lb, memory_lb) + EPS_MS
+
     seeding = threading.Thread(target=_seed, args=(problem, key, hint, inc, notes, stop), daemon=True)
     seeding.start()
     while seeding.is_alive():  # a big problem's baselines take seconds: keep honouring stop
         seeding.join(timeout=0.1)
-        if stop is not None and stop.is_set() and inc.plan is not None:
+        if stopped() and inc.plan is not None:
             notes.append("stopped while seeding")
             break
     seed_method = inc.plan.method if inc.plan else "none"
-    if inc.plan is not None and not (stop is not None and stop.is_set()):
-        _widen_greedy(problem, key, inc, deadline, stop, notes)
     scale = scale_for(problem)
     pairs = problem.num_stages * problem.num_microbatches
     chosen = engine if engine != "auto" else ("auto" if pairs <= LNS_PAIRS else "lns")
     solver_bound: float | None = memory_lb if memory_lb > lb else None
-    proven = inc.plan is not None and inc.makespan <= max(lb, memory_lb) + EPS_MS
-    if not proven and not (stop is not None and stop.is_set()):
-        bound, proven = _run_engine(chosen, problem, inc, scale, deadline, stop, workers, seed,
-                                    deterministic, notes)
+    engine_proved = False
+    if inc.plan is not None and not proven() and not stopped():
+        _widen_greedy(problem, key, inc, lambda: not stopped() and time.monotonic() < deadline - 1.0, notes)
+    if not proven() and not stopped():
+        bound, engine_proved = _run_engine(chosen, problem, inc, scale, deadline, stop, workers, seed,
+                                           deterministic, notes)
         if bound is not None:
             solver_bound = max(bound, solver_bound or 0.0)
     inc.close()
@@ -192,7 +198,7 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
         raise RuntimeError("no valid plan was found (no heuristic seed and the solver found none)")
     best = inc.plan
     bound = max(lb, solver_bound or 0.0)
-    optimal = proven or best.makespan_ms <= bound + EPS_MS
+    optimal = engine_proved or best.makespan_ms <= bound + EPS_MS
     final = best.model_copy(update={
         "status": "optimal" if optimal else "feasible",
         "solver_bound_ms": min(solver_bound, best.makespan_ms) if solver_bound is not None else best.solver_bound_ms,
