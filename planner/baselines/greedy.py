@@ -63,9 +63,7 @@ def fractional_treat(problem: Problem, slack: float) -> Treat | None:
     opts = problem.options
     if not (opts.offload or opts.recompute):
         return None
-    period = max(sum(problem.stages[k].forward_ms + problem.stages[k].backward_input_ms
-                     + problem.stages[k].backward_weight_ms for k in problem.stages_of(d))
-                 for d in range(problem.num_devices))
+    period = _period(problem)
     chosen: dict[tuple[int, int], str] = {}
     for k in range(problem.num_stages - 1):
         s = problem.stages[k]
@@ -105,7 +103,22 @@ def fractional_treat(problem: Problem, slack: float) -> Treat | None:
     return lambda k, i: chosen.get((k, i))
 
 
-FRACTIONAL_SLACKS = (1.0, 0.8, 0.6)
+def _period(problem: Problem) -> float:
+    """Steady-state time per microbatch: the busiest device's compute for one microbatch."""
+    return max(sum(problem.stages[k].forward_ms + problem.stages[k].backward_input_ms
+                   + problem.stages[k].backward_weight_ms for k in problem.stages_of(d))
+               for d in range(problem.num_devices))
+
+
+def slow_copies(problem: Problem) -> bool:
+    """Would offloading every microbatch keep a copy lane at least half busy? Only then do shares
+    beat offloading everything (measured: never with copies as fast as a forward)."""
+    period = _period(problem)
+    return problem.options.offload and any(
+        problem.chunks * max(s.offload_ms or 0.0, s.reload_ms or 0.0) >= 0.5 * period for s in problem.stages)
+
+
+FRACTIONAL_SLACKS = (0.6, 0.8)  # 1.0 never won: the estimate ignores warm-up and queueing
 
 
 def _variants(problem: Problem) -> list[tuple[str, EngineConfig]]:
@@ -121,7 +134,7 @@ def _variants(problem: Problem) -> list[tuple[str, EngineConfig]]:
     out = []
     if problem.chunks == 1:
         caps = [("1f1b", one_f_one_b), ("2x", twice)]
-        if mem is not None:
+        if mem is not None and problem.options.offload:
             # memory alone as the cap: with offload, as many forwards run as copies make room for
             # (het P=8, M=32, half memory, fast link: 109.8 against 110.1 with a count cap)
             caps.append(("mem", None))
@@ -173,21 +186,19 @@ def greedy_outcome(problem: Problem, ops_budget: int | None = OPS_BUDGET,
             pattern_fits = True
         except (NotApplicable, DoesNotFit, ScheduleError):
             continue
-    treats: list[tuple[str, Treat | None]] = [("", None)]
-    limited = any(math.isfinite(problem.limit_of(d)) for d in range(problem.num_devices))
-    if limited:
-        for slack in FRACTIONAL_SLACKS:
-            t = fractional_treat(problem, slack)
-            if t is not None:
-                treats.append((f"fractional {slack:g}", t))
-        for mode in ("offload", "recompute"):
-            t = reducing_treat(problem, mode)
-            if t is not None:
-                treats.append((mode, t))
-    reduce_first = limited and not pattern_fits
-    tries = [(treat_name, treat, name, cfg) for name, cfg in _variants(problem)
-             for treat_name, treat in treats]
-    tries.sort(key=lambda x: (x[0] == "") == reduce_first)  # stable: keeps _variants' order
+    # Reducing treatments in the order they won on the benchmark: offloading every long-lived
+    # activation (fast links), then the fractional shares (slow links), then recompute. On big
+    # problems only the first few (treatment, variant) pairs run, so treatments come first.
+    reducing: list[tuple[str, Treat | None]] = []
+    if any(math.isfinite(problem.limit_of(d)) for d in range(problem.num_devices)):
+        candidates = [("offload", reducing_treat(problem, "offload"))]
+        if slow_copies(problem):
+            candidates += [(f"fractional {slack:g}", fractional_treat(problem, slack))
+                           for slack in FRACTIONAL_SLACKS]
+        candidates.append(("recompute", reducing_treat(problem, "recompute")))
+        reducing = [(name, t) for name, t in candidates if t is not None]
+    treats = reducing + [("", None)] if reducing and not pattern_fits else [("", None)] + reducing
+    tries = [(treat_name, treat, name, cfg) for treat_name, treat in treats for name, cfg in _variants(problem)]
     ops = 3 * problem.num_stages * problem.num_microbatches
     budget = len(tries) if ops_budget is None else max(2, ops_budget // max(1, ops))
     for runs, (treat_name, treat, name, cfg) in enumerate(tries):
