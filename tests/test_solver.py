@@ -7,6 +7,7 @@ tests hold whether or not planner.baselines is present; time limits stay at 1-3 
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from itertools import pairwise
@@ -15,7 +16,8 @@ import pytest
 from core_schedules import make_problem, one_f_one_b, plan_of, serialized
 
 from planner.bounds import MemoryInfeasibleError, min_memory
-from planner.solver import cpsat, solve
+from planner.ops import Kind, Op
+from planner.solver import cpsat, lns, solve
 from planner.solver.convert import ticks_of_plan
 from planner.solver.cpsat_model import CpsatModel
 from planner.solver.scaling import scale_for
@@ -168,6 +170,20 @@ def test_milp_with_offload_binaries_proves_the_cpsat_optimum():
     assert b.status == "optimal"
     assert b.solver_bound_ms == pytest.approx(a.plan.makespan_ms)
     assert validate_plan(problem, b.plan) == []
+
+
+def test_big_problems_get_late_time_windows_of_bounded_size():
+    """Above PRESOLVE_PAIRS an LNS step is a time window in the schedule's later half holding about
+    LARGE_WINDOW_OPS ops (smaller windows timed out before a first solution at P=32, M=128)."""
+    starts = {Op(kind, k, i): 3 * (32 * i + k) + n for n, kind in enumerate((Kind.F, Kind.B, Kind.W))
+              for k in range(32) for i in range(128)}
+    rng = random.Random(0)
+    horizon = max(starts.values())
+    for _ in range(20):
+        pairs, ops, first = lns._late_window(starts, rng)
+        assert first >= horizon // 2
+        assert all(first <= starts[op] for op in ops) and pairs == {(op.stage, op.mb) for op in ops}
+        assert 0.8 * lns.LARGE_WINDOW_OPS <= len(ops) <= 1.2 * lns.LARGE_WINDOW_OPS
 
 
 def _proven_bound(result) -> float:
