@@ -16,7 +16,7 @@ from ..contract import Plan, Problem
 from ..simulator import Schedule, ScheduleError
 from ..validator import InvalidPlanError
 from .classic import gpipe_orders, interleaved_schedule, one_f_one_b_orders, serialized_schedule
-from .common import DoesNotFit, NotApplicable, Outcome, evaluate, schedule_of
+from .common import DoesNotFit, NotApplicable, Outcome, evaluate, is_large, schedule_of
 from .greedy import greedy_outcome
 from .offload import adaoffload_outcome, pipeoffload_outcome
 from .zero_bubble import (
@@ -33,13 +33,13 @@ NAMES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "greedy"
          "adaoffload"]
 
 __all__ = [
-    "LARGE_OPS",
     "NAMES",
     "BaselineResult",
     "DoesNotFit",
     "NotApplicable",
     "best_heuristic",
     "compare",
+    "is_large",
     "run_baseline",
 ]
 
@@ -132,7 +132,6 @@ def compare(problem: Problem, problem_key: str | None = None) -> list[BaselineRe
     return out
 
 
-LARGE_OPS = 2048  # stages x microbatches above which best_heuristic skips the slow offload baselines
 
 
 def best_heuristic(problem: Problem, problem_key: str | None = None) -> Plan:
@@ -147,7 +146,7 @@ def best_heuristic(problem: Problem, problem_key: str | None = None) -> Plan:
     key = problem_key or problem.key()
     found: list[Outcome] = []
     bound = lower_bound(problem)
-    large = problem.num_stages * problem.num_microbatches > LARGE_OPS
+    large = is_large(problem)
     for name in NAMES:
         if found and min(o.makespan for o in found) <= bound * (1 + 1e-9):
             break  # provably optimal already

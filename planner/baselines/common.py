@@ -17,6 +17,12 @@ from ..simulator import DeviceOrder, Gate, Schedule, Timing, build_plan, simulat
 from ..validator import assert_valid
 
 TOL = 1e-6
+LARGE_OPS = 2048  # stages x microbatches above which the slow baselines are skipped or trimmed
+
+
+def is_large(problem: Problem) -> bool:
+    """Big enough that the offload baselines cost seconds and greedy runs only a few variants inline."""
+    return problem.num_stages * problem.num_microbatches > LARGE_OPS
 
 
 class NotApplicable(Exception):

@@ -121,7 +121,7 @@ def slow_copies(problem: Problem) -> bool:
 FRACTIONAL_SLACKS = (0.6, 0.8)  # 1.0 never won: the estimate ignores warm-up and queueing
 
 
-def _variants(problem: Problem) -> list[tuple[str, EngineConfig]]:
+def engine_variants(problem: Problem) -> list[tuple[str, EngineConfig]]:
     """Engine settings to try, most promising first (measured on the DESIGN.md section 4 cases)."""
     s = problem.num_stages
     split = problem.options.split_backward
@@ -198,7 +198,7 @@ def greedy_outcome(problem: Problem, ops_budget: int | None = OPS_BUDGET,
         candidates.append(("recompute", reducing_treat(problem, "recompute")))
         reducing = [(name, t) for name, t in candidates if t is not None]
     treats = reducing + [("", None)] if reducing and not pattern_fits else [("", None)] + reducing
-    tries = [(treat_name, treat, name, cfg) for treat_name, treat in treats for name, cfg in _variants(problem)]
+    tries = [(treat_name, treat, name, cfg) for treat_name, treat in treats for name, cfg in engine_variants(problem)]
     ops = 3 * problem.num_stages * problem.num_microbatches
     budget = len(tries) if ops_budget is None else max(2, ops_budget // max(1, ops))
     for runs, (treat_name, treat, name, cfg) in enumerate(tries):

@@ -10,6 +10,7 @@ before the copy out even finished (DESIGN.md section 3).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from ..contract import Plan, Problem
 from ..ops import BACKWARD_KINDS, Kind, Op
@@ -22,11 +23,13 @@ from .common import (
     Outcome,
     better,
     evaluate,
+    is_large,
     over_limit,
     peaks_of,
     schedule_of,
 )
-from .engine import EngineConfig, run_engine
+from .engine import run_engine
+from .greedy import engine_variants
 from .zero_bubble import (
     zb_h1_lean_schedule,
     zb_h2_schedule,
@@ -37,11 +40,6 @@ from .zero_bubble import (
 
 Orders = list[list[Op]]
 MAX_ROUNDS = 12
-
-
-def _large(problem: Problem) -> bool:
-    """Above this size only the most promising bases are tried, to keep best_heuristic quick."""
-    return problem.num_stages * problem.num_microbatches > 2048
 
 
 def _compute(schedule) -> Orders:
@@ -159,7 +157,7 @@ def adaoffload_outcome(problem: Problem) -> Outcome:
     best: Outcome | None = None
     last_error: DoesNotFit | None = None
     bases = dense_bases(problem)
-    if _large(problem):
+    if is_large(problem):  # only the most promising bases, to keep best_heuristic quick
         bases = bases[:2]
     for base, orders in bases:
         treat: dict[tuple[int, int], str] = {}
@@ -189,19 +187,15 @@ def _throttled_uniform(problem: Problem) -> Outcome:
     comparison would have no PipeOffload figure at all. W right after B (1F1B) or filling gaps."""
     if problem.chunks != 1 or not problem.options.split_backward:
         raise NotApplicable("throttled uniform offload: one stage per device with split backward")
-    s = problem.num_stages
-    limits = [problem.limit_of(d) for d in range(problem.num_devices)]
-    uniform = {k for k in range(s - 1) if problem.stages[k].offloadable_mib > 0}
+    uniform = {k for k in range(problem.num_stages - 1) if problem.stages[k].offloadable_mib > 0}
     best: Outcome | None = None
-    for w in ("1f1b", "fill"):
-        lean = w == "1f1b"
-        cfg = EngineConfig(split=True, cap=[s - k for k in range(s)], mem_cap=limits,
-                           treat=lambda k, i: "offload" if k in uniform else None,
-                           w_lag=[10**9] * s if lean else None, w_tail=[s] * s if lean else None)
-        schedule = run_engine(problem, cfg)
+    for name, cfg in engine_variants(problem):
+        if not name.startswith("1f1b,"):
+            continue  # greedy's engine settings with 1F1B's warm-up cap
+        schedule = run_engine(problem, replace(cfg, treat=lambda k, i: "offload" if k in uniform else None))
         if schedule is not None:
             try:
-                best = better(best, evaluate(problem, schedule, f"pipeoffload(uniform, throttled, W {w})"))
+                best = better(best, evaluate(problem, schedule, f"pipeoffload(uniform, throttled, {name})"))
             except (DoesNotFit, ScheduleError):
                 continue
     if best is None:
@@ -221,7 +215,7 @@ def pipeoffload_outcome(problem: Problem, uniform_only: bool = False) -> Outcome
     last_error: DoesNotFit | None = None
     bases = [b for b in dense_bases(problem) if b[0] in ("1f1b", "interleaved-1f1b", "zb-h1", "zb-v")] \
         or [b for b in dense_bases(problem) if b[0] == "gpipe"]
-    if _large(problem):
+    if is_large(problem):
         bases = bases[:1]
     for base, orders in bases:
         uniform = {(k, i): "offload" for k in range(s - 1) for i in range(m)

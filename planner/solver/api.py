@@ -65,8 +65,8 @@ def default_workers() -> int:
 
 # Cheapest baselines first, so the first plan streams within a fraction of a second; greedy (usually
 # the best) before the offload baselines. adaoffload takes 12 s at P=32, M=128 and is skipped on big
-# problems once a pipelined plan exists; pipeoffload (2.4 s there) still runs: it beat greedy's
-# budgeted variants on het P=32, M=128 at half memory (453.3 against 455.3).
+# problems once a pipelined plan exists; pipeoffload (2.4 s there) still runs as a seed: its fixed
+# dense orders are a family greedy's list scheduling does not produce.
 SEED_ORDER = ("1f1b", "zb-h1", "zb-h2", "interleaved-1f1b", "zb-v", "greedy", "pipeoffload", "adaoffload",
               "gpipe")
 SLOW_ON_LARGE = ("adaoffload",)
@@ -82,9 +82,9 @@ def _seed(problem: Problem, key: str, hint: Plan | None, inc: Incumbent, notes: 
             inc.offer(h)
         else:
             notes.append("hint plan does not fit this problem; ignored")
-    from ..baselines import LARGE_OPS, NAMES, best_heuristic, run_baseline
+    from ..baselines import NAMES, best_heuristic, is_large, run_baseline
 
-    large = problem.num_stages * problem.num_microbatches > LARGE_OPS
+    large = is_large(problem)
     names = [n for n in SEED_ORDER if n in NAMES] + [n for n in NAMES if n not in SEED_ORDER]
     if any(problem.limit_of(d) != float("inf") for d in range(problem.num_devices)):
         _offer_serialized(problem, key, inc)  # fits any feasible budget, in milliseconds
@@ -110,10 +110,10 @@ def _widen_greedy(problem: Problem, key: str, inc: Incumbent, keep_going: Callab
     """On big problems the seed's greedy tries only a few variants (it must answer inline); the
     solver has the time for all of them (about 25 at ~0.6 s each at P=32, M=128). Measured there at
     half memory with 3-ms copies: 456.7 -> 453.5, about what the CP-SAT windows gain in two minutes."""
-    from ..baselines import LARGE_OPS
+    from ..baselines import is_large
     from ..baselines.greedy import greedy_outcome
 
-    if problem.num_stages * problem.num_microbatches <= LARGE_OPS:
+    if not is_large(problem):
         return  # small problems already ran every variant
     try:
         outcome = greedy_outcome(problem, ops_budget=None, keep_going=keep_going)
