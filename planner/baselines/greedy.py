@@ -168,15 +168,20 @@ PATTERNS = (("greedy(zb-h1 pattern)", zb_h1_lean_schedule), ("greedy(zb-h2 patte
             ("greedy(zb-v lean pattern)", zb_v_static_lean_schedule))
 
 
-def greedy_outcome(problem: Problem, ops_budget: int | None = OPS_BUDGET,
-                   keep_going: Callable[[], bool] = lambda: True) -> Outcome:
+def inline_runs(problem: Problem) -> int:
+    """How many engine variants the inline greedy tries (at least two): OPS_BUDGET ops in all."""
+    return max(2, OPS_BUDGET // max(1, 3 * problem.num_stages * problem.num_microbatches))
+
+
+def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[], bool] = lambda: True,
+                   skip: int = 0) -> Outcome:
     """Fastest fitting variant of the memory-aware engine, else the serialized schedule.
 
     The unit-cost zero-bubble patterns (re-timed) are tried first: at 1F1B's memory they are often
     best. Engine variants follow, most promising first (reducing activations first when no pattern
-    fits the limits); on large problems only as many as `ops_budget` allows (at least two, and always
-    until one fits; None = all of them, for the solver, which has the time); `keep_going()` returning
-    False ends the search with the best so far.
+    fits the limits); `inline` tries only `inline_runs` of them (and always until one fits), else all
+    (for the solver, which has the time; `skip` leaves out the first ones, which the inline run
+    already tried); `keep_going()` returning False ends the search with the best so far.
     """
     best: Outcome | None = None
     pattern_fits = False
@@ -199,9 +204,8 @@ def greedy_outcome(problem: Problem, ops_budget: int | None = OPS_BUDGET,
         reducing = [(name, t) for name, t in candidates if t is not None]
     treats = reducing + [("", None)] if reducing and not pattern_fits else [("", None)] + reducing
     tries = [(treat_name, treat, name, cfg) for treat_name, treat in treats for name, cfg in engine_variants(problem)]
-    ops = 3 * problem.num_stages * problem.num_microbatches
-    budget = len(tries) if ops_budget is None else max(2, ops_budget // max(1, ops))
-    for runs, (treat_name, treat, name, cfg) in enumerate(tries):
+    budget = inline_runs(problem) if inline else len(tries)
+    for runs, (treat_name, treat, name, cfg) in enumerate(tries[skip:], start=skip):
         if (runs >= budget or not keep_going()) and best is not None:
             break
         cfg = EngineConfig(**{**cfg.__dict__, "treat": treat})

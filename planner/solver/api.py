@@ -111,12 +111,12 @@ def _widen_greedy(problem: Problem, key: str, inc: Incumbent, keep_going: Callab
     solver has the time for all of them (about 25 at ~0.6 s each at P=32, M=128). Measured there at
     half memory with 3-ms copies: 456.7 -> 453.5, about what the CP-SAT windows gain in two minutes."""
     from ..baselines import is_large
-    from ..baselines.greedy import greedy_outcome
+    from ..baselines.greedy import greedy_outcome, inline_runs
 
     if not is_large(problem):
         return  # small problems already ran every variant
     try:
-        outcome = greedy_outcome(problem, ops_budget=None, keep_going=keep_going)
+        outcome = greedy_outcome(problem, inline=False, keep_going=keep_going, skip=inline_runs(problem))
         inc.offer(outcome.plan(key))
     except Exception as exc:  # noqa: BLE001 - only an extra seed; the engines follow
         log.debug("widened greedy gave no plan: %s", exc)
