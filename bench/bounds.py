@@ -1,0 +1,83 @@
+"""Is the solver's memory-aware bound ever above an optimum? (docs/optimizer.md, "Bounds")
+
+    .venv/bin/python bench/bounds.py --seed 1 --problems 150
+    .venv/bin/python bench/bounds.py --seed 7 --problems 200
+
+Random small problems (2-4 devices, 2-5 microbatches, 1-2 chunks, split or not, offload and
+recompute on or off, limits 1-2x the least memory), each solved by CP-SAT *blind* to
+planner.solver.memory_bound: the solver normally gives that bound to the model as the makespan's
+floor and calls a plan meeting it optimal, so an oracle that knew it could not catch it being too
+high. Every proven optimum is compared with the bound; any violation is printed and fails the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from core_schedules import problem_doc  # the tests' problem builder
+
+from planner.bounds import lower_bound, min_memory
+from planner.contract import Problem
+from planner.solver import api, cpsat, solve
+from planner.solver.memory_bound import memory_lower_bound
+
+
+@contextmanager
+def blind_to_memory_bound():
+    """The solver with only planner.bounds' lower bound (tests/test_solver_bounds.py does the same)."""
+    saved = cpsat.combined_lower_bound, api.memory_lower_bound
+    cpsat.combined_lower_bound, api.memory_lower_bound = lower_bound, lambda problem: 0.0
+    try:
+        yield
+    finally:
+        cpsat.combined_lower_bound, api.memory_lower_bound = saved
+
+
+def random_problem(rng: random.Random) -> Problem:
+    doc = problem_doc(p=rng.choice([2, 3, 4]), m=rng.choice([2, 3, 4, 5]), chunks=rng.choice([1, 1, 2]),
+                      split=rng.random() < 0.8, b=rng.choice([1.0, 1.5]), w=rng.choice([0.5, 1.0, 2.0]),
+                      weight_grad_mib=rng.choice([0.0, 50.0, 100.0]), p2p=rng.choice([0.0, 0.1]),
+                      offload=rng.random() < 0.4, recompute=rng.random() < 0.3)
+    need = max(min_memory(Problem.model_validate(doc)))
+    for dev in doc["devices"]:
+        dev["memory_limit_mib"] = need * rng.choice([1.0, 1.2, 1.5, 2.0])
+    return Problem.model_validate(doc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--problems", type=int, default=150)
+    ap.add_argument("--seconds", type=float, default=5.0, help="CP-SAT time per problem")
+    args = ap.parse_args(argv)
+    rng = random.Random(args.seed)
+    proven = violations = stronger = 0
+    for n in range(1, args.problems + 1):
+        problem = random_problem(rng)
+        bound = memory_lower_bound(problem)
+        with blind_to_memory_bound():
+            result = solve(problem, args.seconds, engine="cpsat", workers=1)
+        if result.status == "optimal":
+            proven += 1
+            if bound > result.plan.makespan_ms + 1e-9:
+                violations += 1
+                print(f"VIOLATION: bound {bound} > optimum {result.plan.makespan_ms}: "
+                      f"{problem.model_dump_json()}", flush=True)
+        stronger += bound > lower_bound(problem) + 1e-9
+        if n % 25 == 0:
+            print(f"[{n}/{args.problems}] {proven} proven optima, {violations} violations", file=sys.stderr,
+                  flush=True)
+    print(f"{args.problems} problems: {proven} optima proven, bound above an optimum {violations} times, "
+          f"above planner.bounds' bound on {stronger}")
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
