@@ -1,6 +1,7 @@
 """Our baselines next to DESIGN.md section 4's reference figures (peers' generators, one simulator).
 
 Run:  .venv/bin/python bench/baselines.py      (prints a table; `--markdown` prints it as Markdown)
+      .venv/bin/python bench/baselines.py --speed   (how long best_heuristic takes, het stages)
 
 Memory model of the reference: an activation is held from F until W (weight_grad_mib =
 activation_mib = 1 per full stage), limits in activations per device ("1p" = P). uni: F=B=W=1, free
@@ -83,19 +84,38 @@ HEADER = ["case", "1F1B ref/ours", "ZB-H1 ref/ours", "ZB auto @1p ref / best", "
           "time s"]
 
 
+# (P, M, limit in activations or None, offload at a forward's time): best_heuristic's speed table
+SPEED = [(8, 32, None, False), (8, 32, 8.0, False), (8, 32, 4.0, True),
+         (32, 128, None, False), (32, 128, 32.0, False), (32, 128, 16.0, True)]
+SPEED_HEADER = ["problem", "limit (activations)", "offload", "makespan", "method", "seconds"]
+
+
+def speed_rows() -> list[list[str]]:
+    out = []
+    for p, m, limit, offload in SPEED:
+        problem = case(p, m, True, limit=limit, offload_ms=1.0 if offload else None)
+        start = time.perf_counter()
+        plan = best_heuristic(problem)
+        out.append([f"het P={p} M={m}", "none" if limit is None else f"{limit:g}", "yes" if offload else "no",
+                    f"{plan.makespan_ms:.2f}", plan.method, f"{time.perf_counter() - start:.2f}"])
+    return out
+
+
 def main() -> None:
-    table = rows()
+    speed = "--speed" in sys.argv
+    header, table = (SPEED_HEADER, speed_rows()) if speed else (HEADER, rows())
     if "--markdown" in sys.argv:
-        print("| " + " | ".join(HEADER) + " |")
-        print("|" + "---|" * len(HEADER))
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
         for row in table:
             print("| " + " | ".join(row) + " |")
         return
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="DESIGN.md §4: reference / ours (makespan, lower is better)")
-    for h in HEADER:
+    t = Table(title="best_heuristic: makespan and seconds" if speed
+              else "DESIGN.md §4: reference / ours (makespan, lower is better)")
+    for h in header:
         t.add_column(h)
     for row in table:
         t.add_row(*row)

@@ -210,13 +210,14 @@ def main(argv: list[str] | None = None) -> None:
                 + " | ".join(cells) + " " + tail)
         out.append(line)
         print(line, flush=True)
-        if last is not None:
-            targets.append(target_row(case, problem, last, mb))
+        row = None if last is None else target_row(case, problem, last, mb)
+        if row is not None:
+            targets.append(row)
     out.append("")
     out.append("* = proven optimal. memory bound = the solver's memory-aware bound (planner.solver.memory_bound).")
     out.append("bubble, gap (to the best proven bound), first plan and RSS: first engine's longest run.")
     out += ["", ("| case | ours | vs unlimited memory | least possible (proven bound) | uniform PipeOffload |"
-                 " ours faster by |"), "|---|---|---|---|---|---|"] + [row for row in targets if row]
+                 " ours faster by |"), "|---|---|---|---|---|---|"] + targets
     print("\n".join(out[-len(targets) - 4:]), flush=True)
     big = [c for c in cases if c.p == 32 and c.memory != "unlimited" and c.offload != "off"]
     if big and not args.no_big and not args.quick:
