@@ -1,7 +1,8 @@
 """The memory-aware greedy scheduler: the list-scheduling engine on the real costs, told every device's
 memory limit, tried with a few warm-up caps, W policies and offload/recompute sets (reloads always come
-back in turn, see EngineConfig.reload_in_turn); the fastest variant that fits wins. When none fits, the serialized schedule (which fits whenever the limits are at least
-bounds.min_memory) answers, so greedy always returns a plan for a feasible budget.
+back in turn, see EngineConfig.reload_in_turn); the fastest variant that fits wins. When none fits,
+the serialized schedule (which fits whenever the limits are at least bounds.min_memory) answers, so
+greedy always returns a plan for a feasible budget.
 """
 
 from __future__ import annotations
