@@ -162,10 +162,11 @@ class _Engine:
         if delta.at_end:
             self.future[d].append((end, 0, delta.at_end, op))
 
+    def _under_cap(self, d: int, level: float) -> bool:
+        return level <= self.cap_mem[d] + TOL * max(1.0, self.cap_mem[d])
+
     def _fits(self, d: int, s: float, amount: float, reserve: float = 0.0) -> bool:
-        if not self.mem_on:
-            return True
-        return self._peak_from(d, s) + amount + reserve <= self.cap_mem[d] + TOL * max(1.0, self.cap_mem[d])
+        return not self.mem_on or self._under_cap(d, self._peak_from(d, s) + amount + reserve)
 
     def _forward_fits(self, d: int, t: float, s: Stage, ch: Choice, alloc: float, reserve: float) -> bool:
         """Room for a forward now, and for the reserve (one restore) too. With `reserve_after_copies`
@@ -176,7 +177,7 @@ class _Engine:
         if not self._fits(d, t, alloc):
             return False
         settled = self.level[d] + sum(ev[2] for ev in self.future[d]) + alloc - s.offloadable_mib
-        return settled + reserve <= self.cap_mem[d] + TOL * max(1.0, self.cap_mem[d])
+        return self._under_cap(d, settled + reserve)
 
     def _dep_ready(self, op: Op, lag: float) -> float | None:
         t = self.times.get(op)
@@ -284,16 +285,19 @@ class _Engine:
             return None
         return prev if self.times[prev][0] > self.times[trig][0] else trig
 
+    def _next_reload(self, queue: list[tuple[Op, Op]]) -> tuple[int, Op, Op] | None:
+        """(position, reload, gating op) of the first queued reload whose turn has come: one waiting
+        for its stage's previous backward must not hold up another stage's on a device with several."""
+        for n, (rl, trig) in enumerate(queue):
+            gate = self._reload_trigger(rl, trig)
+            if gate is not None:
+                return n, rl, gate
+        return None
+
     def _issue_reloads(self, d: int, now: float) -> None:
         queue = self.pending_reload[d]
-        while True:
-            # the first reload whose turn has come (one waiting for its stage's previous backward
-            # must not hold up another stage's on a device with several)
-            n, trig = next(((n, t) for n, (rl, g) in enumerate(queue)
-                            if (t := self._reload_trigger(rl, g)) is not None), (None, None))
-            if n is None:
-                return
-            rl = queue[n][0]
+        while (turn := self._next_reload(queue)) is not None:
+            n, rl, trig = turn
             off = self.times[Op(Kind.OFFLOAD, rl.stage, rl.mb)]
             start = max(self.h2d_free[d], off[1], self.times[trig][0])
             if self.mem_on and self.cfg.reserve_after_copies:
