@@ -108,14 +108,19 @@ class Stage(BaseModel):
 
 
 class Device(BaseModel):
-    """Memory of one device: its limit (None = unlimited) and what weights/optimizer state hold."""
+    """Memory of one device: its limit (None = unlimited) and what weights/optimizer state hold.
+
+    `host_memory_limit_mib` caps the pinned host memory the device's offloads may hold at once
+    (None = unlimited): pinned pages are a scarce host resource shared by every rank of a node.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     memory_limit_mib: float | None = None
     static_mib: float = 0.0
+    host_memory_limit_mib: float | None = None
 
-    _finite = field_validator("memory_limit_mib", "static_mib")(_finite_non_negative)
+    _finite = field_validator("memory_limit_mib", "static_mib", "host_memory_limit_mib")(_finite_non_negative)
 
 
 class Problem(BaseModel):
@@ -184,6 +189,11 @@ class Problem(BaseModel):
         limit = self.devices[device].memory_limit_mib
         return math.inf if limit is None else limit
 
+    def host_limit_of(self, device: int) -> float:
+        """Pinned host memory `device`'s offloads may hold at once (inf = unlimited)."""
+        limit = self.devices[device].host_memory_limit_mib
+        return math.inf if limit is None else limit
+
     def check_limits(self, limits: Limits = DEFAULT_LIMITS) -> None:
         """Raise ValueError naming the field when the problem exceeds the configured sizes."""
         checks = [
@@ -203,18 +213,37 @@ class Problem(BaseModel):
                 if getattr(s, name) > limits.max_duration_ms:
                     raise ValueError(f"stages[{k}].{name} exceeds the limit {limits.max_duration_ms}")
         for d, dev in enumerate(self.devices):
-            for name in ("memory_limit_mib", "static_mib"):
+            for name in ("memory_limit_mib", "static_mib", "host_memory_limit_mib"):
                 value = getattr(dev, name)
                 if value is not None and value > limits.max_memory_mib:
                     raise ValueError(f"devices[{d}].{name} exceeds the limit {limits.max_memory_mib}")
 
     def canonical_json(self) -> str:
-        """Canonical form (CONTRACT.md): defaults filled, every number a float, sorted, compact."""
-        return json.dumps(_floats(self.model_dump(mode="json")), sort_keys=True, separators=(",", ":"))
+        """Canonical form (CONTRACT.md): defaults filled, every number a float, sorted, compact.
+
+        Fields added after v1 appear only when set (see _drop_unset_additions)."""
+        doc = _drop_unset_additions(self.model_dump(mode="json"))
+        return json.dumps(_floats(doc), sort_keys=True, separators=(",", ":"))
 
     def key(self) -> str:
         """SHA-256 hex of the canonical JSON: the cache key of this configuration."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+ADDED_DEVICE_FIELDS = ("host_memory_limit_mib",)
+
+
+def _drop_unset_additions(doc: dict[str, Any]) -> dict[str, Any]:
+    """Leave fields added after v1 out of the canonical form while they are unset (null).
+
+    Cached plans are keyed by Problem.key(): a problem that does not use a new field must keep the key
+    it had before the field existed, or every stored plan would be orphaned.
+    """
+    for device in doc.get("devices", []):
+        for name in ADDED_DEVICE_FIELDS:
+            if device.get(name) is None:
+                device.pop(name, None)
+    return doc
 
 
 def _floats(value: Any) -> Any:
@@ -266,6 +295,16 @@ class Plan(BaseModel):
     devices: list[DevicePlan]
     solver_bound_ms: float | None = Field(
         default=None, description="The solver's own proven bound, when a solver produced the plan."
+    )
+    # Transfer costs (docs/transfers.md). None = not reported (plans stored before these existed).
+    offloaded_mib: float | None = Field(
+        default=None, description="Device-to-host MiB per iteration: offloadable_mib summed over offloads."
+    )
+    recompute_ms: float | None = Field(default=None, description="Compute time spent on RECOMPUTE ops.")
+    host_memory_mib: list[float] | None = Field(
+        default=None,
+        description="Per device: peak pinned host memory, each offload held from its OFFLOAD's start"
+                    " to its RELOAD's end.",
     )
 
     @property

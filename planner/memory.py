@@ -1,4 +1,5 @@
-"""Device memory over time for a timed set of ops (CONTRACT.md: frees count before allocations)."""
+"""Device and pinned host memory over time for a timed set of ops (CONTRACT.md: frees count before
+allocations), and the transfer figures a plan reports (docs/transfers.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from .contract import Problem
-from .ops import Choice, Op, memory_delta
+from .ops import Choice, Kind, MemoryDelta, Op, memory_delta
 
 
 class TimedOp(NamedTuple):
@@ -20,20 +21,11 @@ def _tick(t: float) -> int:
     return round(t * 1e6)
 
 
-def memory_curve(
-    problem: Problem, device: int, ops: Iterable[TimedOp], choices: dict[tuple[int, int], Choice]
-) -> list[tuple[float, float]]:
-    """Step curve [(time_ms, mib)] of `device`'s memory, from its static memory: one point per
+def _step_curve(events: list[tuple[int, int, float, float]], base: float) -> list[tuple[float, float]]:
+    """[(time_ms, level)] from (tick, 0 = free / 1 = allocation, time, delta) events: one point per
     instant, after that instant's frees and then its allocations (which is also its peak)."""
-    events: list[tuple[int, int, float, float]] = []
-    for t in ops:
-        delta = memory_delta(problem, t.op, choices[(t.op.stage, t.op.mb)])
-        if delta.at_start:
-            events.append((_tick(t.start), 1, t.start, delta.at_start))
-        if delta.at_end:
-            events.append((_tick(t.end), 0, t.end, delta.at_end))
     events.sort(key=lambda e: (e[0], e[1]))
-    level = problem.devices[device].static_mib
+    level = base
     curve = [(events[0][2] if events else 0.0, level)]
     last_tick = None
     for tick, _, time, delta in events:
@@ -46,7 +38,55 @@ def memory_curve(
     return curve
 
 
+def _events(ops: Iterable[TimedOp], delta_of) -> list[tuple[int, int, float, float]]:
+    events = []
+    for t in ops:
+        delta = delta_of(t.op)
+        if delta.at_start:
+            events.append((_tick(t.start), 1, t.start, delta.at_start))
+        if delta.at_end:
+            events.append((_tick(t.end), 0, t.end, delta.at_end))
+    return events
+
+
+def memory_curve(
+    problem: Problem, device: int, ops: Iterable[TimedOp], choices: dict[tuple[int, int], Choice]
+) -> list[tuple[float, float]]:
+    """Step curve [(time_ms, mib)] of `device`'s memory, from its static memory."""
+    events = _events(ops, lambda op: memory_delta(problem, op, choices[(op.stage, op.mb)]))
+    return _step_curve(events, problem.devices[device].static_mib)
+
+
 def peak_memory(
     problem: Problem, device: int, ops: Iterable[TimedOp], choices: dict[tuple[int, int], Choice]
 ) -> float:
     return max(level for _, level in memory_curve(problem, device, ops, choices))
+
+
+def host_delta(problem: Problem, op: Op) -> MemoryDelta:
+    """Pinned host memory an op takes or gives back.
+
+    The host buffer must exist when the device-to-host copy starts (it is its target), and it can be
+    reused once the host-to-device copy has finished reading it: so an offload holds host memory from
+    its OFFLOAD's start to its RELOAD's end, the longest interval any runtime needs.
+    """
+    if op.kind is Kind.OFFLOAD:
+        return MemoryDelta(problem.stages[op.stage].offloadable_mib, 0.0)
+    if op.kind is Kind.RELOAD:
+        return MemoryDelta(0.0, -problem.stages[op.stage].offloadable_mib)
+    return MemoryDelta(0.0, 0.0)
+
+
+def host_memory(problem: Problem, ops: Iterable[TimedOp]) -> float:
+    """Peak pinned host memory (MiB) of one device's timed ops (frees before allocations)."""
+    return max(level for _, level in _step_curve(_events(ops, lambda op: host_delta(problem, op)), 0.0))
+
+
+def offloaded_mib(problem: Problem, choices: dict[tuple[int, int], Choice]) -> float:
+    """MiB copied device-to-host per iteration (the same comes back host-to-device)."""
+    return sum(problem.stages[k].offloadable_mib for (k, _), c in choices.items() if c.offload)
+
+
+def recompute_ms(problem: Problem, choices: dict[tuple[int, int], Choice]) -> float:
+    """Compute time spent recomputing forwards per iteration."""
+    return sum(problem.stages[k].recompute_ms for (k, _), c in choices.items() if c.recompute)

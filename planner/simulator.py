@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from .bounds import lower_bound
 from .contract import DevicePlan, Plan, PlanOp, Problem
-from .memory import TimedOp, peak_memory
+from .memory import TimedOp, host_memory, offloaded_mib, peak_memory, recompute_ms
 from .ops import COMPUTE_KINDS, LANES, Choice, Lane, Op, choices_from_ops, deps, duration, lane_of
 
 
@@ -145,8 +145,11 @@ def _deadlock_message(schedule: Schedule, preds, times) -> str:
 def build_plan(problem: Problem, schedule: Schedule, timing: Timing, method: str,
                problem_key: str | None = None, status: str = "feasible",
                solver_bound_ms: float | None = None) -> Plan:
-    """Assemble plan v1 from a timed schedule (metrics computed here, validation left to callers)."""
-    devices, peaks = [], []
+    """Assemble plan v1 from a timed schedule (metrics computed here, validation left to callers).
+
+    Besides time and device memory, a plan reports what its transfers cost the host: MiB offloaded
+    per iteration, recompute time and peak pinned host memory per device (docs/transfers.md)."""
+    devices, peaks, host = [], [], []
     busy = 0.0
     for d, order in enumerate(schedule.devices):
         rank = {op: (lane_index, pos) for lane_index, lane in enumerate(LANES)
@@ -156,6 +159,7 @@ def build_plan(problem: Problem, schedule: Schedule, timing: Timing, method: str
             PlanOp(kind=op.kind.value, stage=op.stage, mb=op.mb,
                    start_ms=timing.times[op][0], end_ms=timing.times[op][1]) for op in ops]))
         peaks.append(peak_memory(problem, d, timing.timed(ops), timing.choices))
+        host.append(host_memory(problem, timing.timed(order.d2h + order.h2d)))
         busy += sum(timing.times[op][1] - timing.times[op][0] for op in ops if op.kind in COMPUTE_KINDS)
     makespan = timing.makespan
     return Plan(
@@ -168,6 +172,9 @@ def build_plan(problem: Problem, schedule: Schedule, timing: Timing, method: str
         method=method,
         devices=devices,
         solver_bound_ms=solver_bound_ms,
+        offloaded_mib=offloaded_mib(problem, timing.choices),
+        recompute_ms=recompute_ms(problem, timing.choices),
+        host_memory_mib=host,
     )
 
 

@@ -10,7 +10,7 @@ import math
 from collections import defaultdict
 
 from .contract import Plan, Problem
-from .memory import TimedOp, memory_curve
+from .memory import TimedOp, host_memory, memory_curve, offloaded_mib, recompute_ms
 from .ops import COMPUTE_KINDS, LANES, Kind, Op, choices_from_ops, deps, duration, lane_of
 
 MAX_REPORTED_PER_CHECK = 20
@@ -121,6 +121,7 @@ def validate_plan(problem: Problem, plan: Plan, problem_key: str | None = None) 
         if len(plan.peak_memory_mib) != problem.num_devices:
             memory.append(f"peak_memory_mib has {len(plan.peak_memory_mib)} entries; expected {problem.num_devices}")
         report(memory)
+        report(_transfer_violations(problem, plan, per_device, choices))
 
     if valid:
         makespan = max(t.end for _, t in valid) - min(t.start for _, t in valid)
@@ -132,6 +133,29 @@ def validate_plan(problem: Problem, plan: Plan, problem_key: str | None = None) 
             out.append(f"bubble_ratio is {plan.bubble_ratio:.6g}; the ops give {bubble:.6g}")
         if plan.lower_bound_ms > makespan and not close(plan.lower_bound_ms, makespan):
             out.append(f"lower_bound_ms {plan.lower_bound_ms:.6g} exceeds the makespan {makespan:.6g}")
+    return out
+
+
+def _transfer_violations(problem: Problem, plan: Plan, per_device: dict[int, list[TimedOp]],
+                         choices: dict) -> list[str]:
+    """The host memory cap, and the transfer figures the plan reports (when it reports them)."""
+    out = []
+    host = [host_memory(problem, per_device.get(d, [])) for d in range(problem.num_devices)]
+    for d, need in enumerate(host):
+        cap = problem.host_limit_of(d)
+        if need > cap and not close(need, cap):
+            out.append(f"device {d} needs {need:.6g} MiB of pinned host memory for its offloads, over its"
+                       f" host_memory_limit_mib {cap:.6g}")
+    if plan.host_memory_mib is not None:
+        if len(plan.host_memory_mib) != problem.num_devices:
+            out.append(f"host_memory_mib has {len(plan.host_memory_mib)} entries; expected {problem.num_devices}")
+        out += [f"host_memory_mib[{d}] is {said:.6g}; the ops give {need:.6g}"
+                for d, (said, need) in enumerate(zip(plan.host_memory_mib, host)) if not close(said, need)]
+    for name, actual in (("offloaded_mib", offloaded_mib(problem, choices)),
+                         ("recompute_ms", recompute_ms(problem, choices))):
+        said = getattr(plan, name)
+        if said is not None and not close(said, actual):
+            out.append(f"{name} is {said:.6g}; the ops give {actual:.6g}")
     return out
 
 
