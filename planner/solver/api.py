@@ -41,6 +41,11 @@ class SolveResult:
     time_to_first_s: float
     elapsed_s: float
     improvements: int
+    # Why the search ended, so callers never call a spent budget "converged": "optimal" (proven: the
+    # makespan meets a proven bound or CP-SAT proved it), "budget" (the time limit ran out with a gap),
+    # "stalled" (the engines gave up before the deadline without proof, e.g. no improving LNS window)
+    # or "stopped" (the caller's stop event).
+    outcome: str
     history: list[tuple[float, float]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -203,10 +208,17 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
         "status": "optimal" if optimal else "feasible",
         "solver_bound_ms": min(solver_bound, best.makespan_ms) if solver_bound is not None else best.solver_bound_ms,
     })
+    if optimal:
+        outcome = "optimal"
+    elif stopped():
+        outcome = "stopped"
+    else:  # engines that spent the budget return within ~0.2 s of the deadline (lns.run)
+        outcome = "budget" if time.monotonic() >= deadline - 0.5 else "stalled"
     return SolveResult(plan=final, lower_bound_ms=lb, solver_bound_ms=solver_bound,
                        status=final.status, engine=chosen, seed_method=seed_method,
                        time_to_first_s=inc.first_at or 0.0, elapsed_s=time.monotonic() - started,
-                       improvements=len(inc.history), history=list(inc.history), notes=notes)
+                       improvements=len(inc.history), history=list(inc.history), notes=notes,
+                       outcome=outcome)
 
 
 def _run_engine(engine: str, problem: Problem, inc: Incumbent, scale, deadline: float,
