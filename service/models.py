@@ -34,10 +34,12 @@ NAMING_CONVENTION = {
 
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 
-# Job states; the dashboard shows these words.
-QUEUED, SOLVING, CONVERGED, FAILED, CANCELLED = "queued", "solving", "converged", "failed", "cancelled"
+# Job states: where the run is in its life. A run that ended on its own is DONE; *how* it ended is the
+# separate `outcome` (service.outcomes: optimal, budget, stalled, stopped), so the state machine stays
+# small for clients and "done" never claims more than that the run is over (docs/service.md).
+QUEUED, SOLVING, DONE, FAILED, CANCELLED = "queued", "solving", "done", "failed", "cancelled"
 ACTIVE_STATES = (QUEUED, SOLVING)
-JOB_STATES = (QUEUED, SOLVING, CONVERGED, FAILED, CANCELLED)
+JOB_STATES = (QUEUED, SOLVING, DONE, FAILED, CANCELLED)
 
 
 def utcnow() -> datetime:
@@ -101,7 +103,12 @@ class JobRow(Base):
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
-    improvements: Mapped[int] = mapped_column(Integer, default=0)
+    improvements: Mapped[int] = mapped_column(Integer, default=0)  # revisions stored by every run
+    # How the last run ended (NULL while one is queued or solving, after a failure, or before 0002):
+    outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    gap_pct: Mapped[float | None] = mapped_column(Float, nullable=True)  # best plan's gap to the proven bound
+    searched_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # solver seconds, all attempts
+    run_improvements: Mapped[int | None] = mapped_column(Integer, nullable=True)  # revisions that run stored
     queued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -19,10 +19,11 @@ from sqlalchemy.orm import Session
 from planner.contract import Plan, Problem
 from planner.validator import InvalidPlanError, validate_plan
 
+from .outcomes import OPTIMAL, describe
 from .models import (
     ACTIVE_STATES,
     CANCELLED,
-    CONVERGED,
+    DONE,
     FAILED,
     QUEUED,
     SOLVING,
@@ -33,6 +34,8 @@ from .models import (
 )
 
 EPS_MS = 1e-6
+# A new run starts without the previous run's verdict.
+NO_OUTCOME = {"outcome": None, "gap_pct": None, "searched_s": None, "run_improvements": None}
 
 
 def _aware(value: datetime | None) -> datetime | None:
@@ -88,6 +91,15 @@ class JobInfo:
     started_at: datetime | None
     heartbeat_at: datetime | None
     finished_at: datetime | None
+    outcome: str | None = None
+    gap_pct: float | None = None
+    searched_s: float | None = None
+    run_improvements: int | None = None
+
+    @property
+    def outcome_text(self) -> str | None:
+        """The run's end in words (service.outcomes.describe); None while running or after a failure."""
+        return describe(self.outcome, self.gap_pct, self.searched_s, self.run_improvements)
 
     @classmethod
     def of(cls, row: Any) -> JobInfo:
@@ -96,6 +108,7 @@ class JobInfo:
 
     def to_dict(self) -> dict[str, Any]:
         d = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        d["outcome_text"] = self.outcome_text
         for f in ("queued_at", "started_at", "heartbeat_at", "finished_at"):
             d[f] = _iso(d[f])
         return d
@@ -224,7 +237,8 @@ class Repository:
         if job_state:
             conds.append(JobRow.state == job_state)
         order = self.SORTS.get(sort, ProblemRow.updated_at)
-        base = select(ProblemRow, JobRow.state, JobRow.improvements).outerjoin(JobRow, JobRow.key == ProblemRow.key)
+        base = select(ProblemRow, JobRow.state, JobRow.outcome, JobRow.gap_pct, JobRow.searched_s,
+                      JobRow.run_improvements).outerjoin(JobRow, JobRow.key == ProblemRow.key)
         if conds:
             base = base.where(*conds)
         page = base.order_by(order.desc() if descending else order.asc(), ProblemRow.key).offset(offset).limit(limit)
@@ -235,7 +249,7 @@ class Repository:
             rows = session.execute(page).all()
             total = session.execute(count).scalar() or 0
         items = []
-        for p, state, _improvements in rows:
+        for p, state, outcome, gap_pct, searched_s, run_improvements in rows:
             items.append({
                 "problem_key": p.key,
                 "model": p.model,
@@ -255,6 +269,8 @@ class Repository:
                 "first_makespan_ms": p.first_makespan_ms,
                 "speedup_over_first": p.first_makespan_ms / p.best_makespan_ms if p.best_makespan_ms else None,
                 "job_state": state,
+                "job_outcome": outcome,
+                "job_outcome_text": describe(outcome, gap_pct, searched_s, run_improvements),
                 "created_at": _iso(p.created_at),
                 "updated_at": _iso(p.updated_at),
             })
@@ -296,11 +312,13 @@ class Repository:
                     lower_bound_ms=plan.lower_bound_ms, solver_bound_ms=plan.solver_bound_ms,
                     status=plan.status, method=plan.method, plan=plan_json, created_at=now,
                 ))
-                state = CONVERGED if plan.status == "optimal" else QUEUED
+                # a heuristic plan already at its proven bound needs no search: done, optimal, 0 s
+                proven = plan.status == "optimal"
+                ended = dict(state=DONE, finished_at=now, outcome=OPTIMAL, gap_pct=0.0, searched_s=0.0,
+                             run_improvements=0) if proven else dict(state=QUEUED)
                 conn.execute(self._insert_ignore(JobRow).values(
-                    key=key, run_id=run_id, state=state, budget_s=budget_s, used_s=0.0, attempts=0, runs=1,
-                    cancel_requested=False, improvements=0, queued_at=now,
-                    finished_at=now if state == CONVERGED else None,
+                    key=key, run_id=run_id, budget_s=budget_s, used_s=0.0, attempts=0, runs=1,
+                    cancel_requested=False, improvements=0, queued_at=now, **ended,
                 ))
             revision = conn.execute(select(ProblemRow.best_revision).where(ProblemRow.key == key)).scalar()
             job = conn.execute(select(*JobRow.__table__.c).where(JobRow.key == key)).first()
@@ -350,7 +368,7 @@ class Repository:
                 update(JobRow).where(JobRow.key == key, JobRow.state.not_in(ACTIVE_STATES)).values(
                     state=QUEUED, run_id=run_id, budget_s=budget_s, used_s=0.0, attempts=0,
                     cancel_requested=False, runs=JobRow.runs + 1, queued_at=utcnow(), error=None,
-                    started_at=None, finished_at=None, heartbeat_at=None,
+                    started_at=None, finished_at=None, heartbeat_at=None, **NO_OUTCOME,
                 )
             )
             queued = res.rowcount == 1
@@ -392,12 +410,17 @@ class Repository:
                 JobRow.key == key, JobRow.run_id == run_id, JobRow.state == SOLVING,
             ).values(heartbeat_at=utcnow(), used_s=used_s).returning(JobRow.cancel_requested)).scalar()
 
-    def finish(self, key: str, run_id: str, state: str, error: str | None = None) -> bool:
+    def finish(self, key: str, run_id: str, state: str, error: str | None = None, *,
+               outcome: str | None = None, gap_pct: float | None = None, searched_s: float | None = None,
+               run_improvements: int | None = None) -> bool:
+        """End this run (only if it still owns the row), with how it ended in the same UPDATE, so a
+        reader never sees "done" without its outcome and gap."""
         with self.engine.begin() as conn:
             res = conn.execute(update(JobRow).where(
                 JobRow.key == key, JobRow.run_id == run_id, JobRow.state == SOLVING,
             ).values(state=state, error=error[:4000] if error else None, finished_at=utcnow(),
-                     heartbeat_at=utcnow()))
+                     heartbeat_at=utcnow(), outcome=outcome, gap_pct=gap_pct, searched_s=searched_s,
+                     run_improvements=run_improvements))
             return res.rowcount == 1
 
     def release(self, key: str, run_id: str, used_s: float) -> bool:

@@ -11,7 +11,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from fastapi.testclient import TestClient
 from service_support import BIN, any_db_url, pg_url, service_env  # noqa: F401
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from pipeplan.settings import Settings
 from service import create_app, schema
@@ -83,3 +83,35 @@ def test_serve_and_worker_refuse_to_start_on_an_unmigrated_database(pg_url):  # 
         out = run.stdout + run.stderr
         assert "Run `pipeplan migrate`" in out, out[-2000:]
         assert "Traceback" not in out, out[-2000:]
+
+
+def test_0002_turns_converged_into_done_with_an_honest_outcome_and_back(any_db_url):  # noqa: F811
+    """Old "converged" rows become "done"; only a proven-optimal best plan gets outcome "optimal" (the
+    others ran before outcomes were kept: NULL, not a guess). Downgrade restores "converged"."""
+    engine = make_engine(any_db_url, 2)
+    now = "2026-01-01 00:00:00+00:00"
+    problem = ("INSERT INTO problems (key, problem, num_devices, num_microbatches, num_stages, best_revision,"
+               " best_makespan_ms, lower_bound_ms, bubble_ratio, best_status, best_method, first_makespan_ms,"
+               " created_at, updated_at) VALUES (:k, '{}', 2, 4, 2, 1, 10.0, 8.0, 0.1, :s, 'm', 10.0, :t, :t)")
+    job = ("INSERT INTO jobs (key, run_id, state, budget_s, used_s, attempts, runs, cancel_requested,"
+           " improvements, queued_at) VALUES (:k, 'r', :state, 5.0, 5.0, 1, 1, false, 0, :t)")
+    rows = {"a" * 64: ("optimal", "converged"), "b" * 64: ("feasible", "converged"), "c" * 64: ("feasible", "failed")}
+    try:
+        schema.upgrade(engine, "0001")
+        with engine.begin() as conn:
+            for key, (status, state) in rows.items():
+                conn.execute(text(problem), {"k": key, "s": status, "t": now})
+                conn.execute(text(job), {"k": key, "state": state, "t": now})
+        schema.upgrade(engine)
+        with engine.connect() as conn:
+            got = {r[0]: tuple(r[1:]) for r in conn.execute(text("SELECT key, state, outcome, gap_pct FROM jobs"))}
+        assert got == {"a" * 64: ("done", "optimal", 0.0), "b" * 64: ("done", None, None),
+                       "c" * 64: ("failed", None, None)}
+        schema.downgrade(engine, "0001")
+        with engine.connect() as conn:
+            states = {r[0]: r[1] for r in conn.execute(text("SELECT key, state FROM jobs"))}
+        assert states == {"a" * 64: "converged", "b" * 64: "converged", "c" * 64: "failed"}
+        assert "outcome" not in {c["name"] for c in inspect(engine).get_columns("jobs")}
+    finally:
+        schema.downgrade(engine, "base")
+        engine.dispose()

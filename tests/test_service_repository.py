@@ -11,7 +11,7 @@ from service_support import any_db_url, gpipe_plan, make_problem, migrated_engin
 from sqlalchemy import func, select
 
 from planner.validator import InvalidPlanError
-from service.models import CANCELLED, CONVERGED, QUEUED, SOLVING, JobRow, RevisionRow
+from service.models import CANCELLED, DONE, QUEUED, SOLVING, JobRow, RevisionRow
 from service.repository import Repository
 
 
@@ -111,7 +111,7 @@ def test_job_lifecycle_claim_heartbeat_cancel_requeue(repo):
     new_run = repo.requeue(stale)
     assert new_run and repo.requeue(stale) is None
     assert repo.heartbeat(key, again.run_id, 3.0) is None
-    assert not repo.finish(key, again.run_id, CONVERGED)
+    assert not repo.finish(key, again.run_id, DONE)
     assert repo.job(key).state == QUEUED and repo.job(key).run_id == new_run
 
 
@@ -159,3 +159,31 @@ def test_reconciler_requeues_orphans_and_gives_up_on_job_killers(repo):
     final = repo.job(key)
     assert final.state == "failed" and "3 attempts" in final.error
     queue.close()
+
+
+def test_finish_records_how_the_run_ended_and_a_new_run_forgets_it(repo):
+    """"done" always comes with its outcome, gap and searched seconds (one UPDATE); the listing and the
+    job say it in words; the next refine run starts without the previous verdict."""
+    problem = make_problem(tag="outcome")
+    key = problem.key()
+    _, _, job = repo.store_first(problem, gpipe_plan(problem, delay_ms=10), 5.0, key=key)
+    repo.claim(key, job.run_id, "w1")
+    assert repo.finish(key, job.run_id, DONE, outcome="budget", gap_pct=4.13, searched_s=5.02, run_improvements=2)
+    done = repo.job(key)
+    assert (done.state, done.outcome, done.gap_pct, done.searched_s, done.run_improvements) == (
+        DONE, "budget", 4.13, 5.02, 2)
+    assert done.outcome_text == "budget spent after 5.0 s, gap 4.1% to the proven bound"
+    assert done.to_dict()["outcome_text"] == done.outcome_text
+    item = next(i for i in repo.list_plans(q=key[:16])[0] if i["problem_key"] == key)
+    assert item["job_state"] == DONE and item["job_outcome"] == "budget"
+    assert item["job_outcome_text"] == done.outcome_text
+    again, queued = repo.request_refine(key, 3.0)
+    assert queued and again.outcome is None and again.gap_pct is None and again.outcome_text is None
+
+
+def test_a_first_plan_at_its_proven_bound_is_done_optimal_without_a_run(repo):
+    problem = make_problem(tag="proven")
+    plan = gpipe_plan(problem).model_copy(update={"status": "optimal"})
+    _, created, job = repo.store_first(problem, plan, 5.0)
+    assert created and job.state == DONE and job.outcome == "optimal" and job.gap_pct == 0.0
+    assert job.outcome_text == "optimal (proven)" and job.finished_at is not None
