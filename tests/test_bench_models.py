@@ -1,0 +1,89 @@
+"""bench/models.py and its suite: every spec builds, the budgets are 1F1B's peak and shares of it, and
+the script prints (and resumes) its Markdown table end to end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.model_suite import SUITE, find  # noqa: E402
+from bench.models import header, offloaded_mib, rows_of  # noqa: E402
+from planner.baselines import NAMES, DoesNotFit, run_baseline  # noqa: E402
+from planner.costmodel import problem_from_document  # noqa: E402
+
+SMALL = "qwen2.5-3b-p8-tied"
+
+
+@pytest.mark.parametrize("case", SUITE, ids=lambda c: c.name)
+def test_every_spec_builds_the_pipeline_it_names(case) -> None:
+    problem = problem_from_document(case.spec())
+    chunks = 2 if case.placement == "v" else case.chunks
+    assert problem.num_devices == case.devices
+    assert problem.num_microbatches == 4 * case.devices
+    assert problem.num_stages == case.devices * chunks
+    assert problem.metadata["placement"] == case.placement
+
+
+def test_suite_covers_the_issue() -> None:
+    families = {c.model["name"] for c in SUITE}
+    assert len(families) >= 8
+    assert {c.devices for c in SUITE} == {8, 16, 32}
+    assert sum(c.devices == 32 for c in SUITE) <= 3
+    assert {c.placement for c in SUITE} == {"loop", "v"}
+    assert any(isinstance(c.budget_gib, list) and len(set(c.budget_gib)) > 1 for c in SUITE)
+    assert any(c.model.get("experts") for c in SUITE) and any(c.model.get("mtp_heads") for c in SUITE)
+    assert any("pattern" in c.model for c in SUITE) and any(c.model.get("tie_embeddings") for c in SUITE)
+
+
+@pytest.mark.parametrize("name", ["llama2-7b-p8", SMALL])
+def test_budgets_are_1f1b_peak_and_shares_of_it(name: str) -> None:
+    full, seventy, half = rows_of(find(name))
+    assert (full.share, seventy.share, half.share) == (1.0, 0.7, 0.5)
+    assert full.limits_mib[0] == pytest.approx(full.reference_mib)
+    assert half.limits_mib[0] == pytest.approx(0.5 * full.reference_mib)
+    assert not full.relaxed and seventy.relaxed and half.relaxed
+    assert run_baseline(full.problem(), "1f1b").makespan_ms > 0  # fits its own peak
+    with pytest.raises(DoesNotFit):
+        run_baseline(half.problem(), "1f1b")
+    assert half.problem().options.offload and half.problem().options.recompute
+
+
+def test_uneven_cluster_keeps_its_per_device_budgets() -> None:
+    (row,) = rows_of(find("llama3-8b-p8-mixed-40-26"))
+    assert [lim / 1024 for lim in row.limits_mib] == [40.0] * 4 + [26.0] * 4
+    assert row.share is None and row.relaxed
+
+
+def test_offloaded_mib_falls_back_to_the_offload_ops() -> None:
+    problem = problem_from_document(find(SMALL).spec())
+    ops = [SimpleNamespace(kind="OFFLOAD", stage=2), SimpleNamespace(kind="F", stage=2),
+           SimpleNamespace(kind="OFFLOAD", stage=3)]
+    plan = SimpleNamespace(devices=[SimpleNamespace(ops=ops)])  # no offloaded_mib field
+    want = problem.stages[2].offloadable_mib + problem.stages[3].offloadable_mib
+    assert offloaded_mib(problem, plan) == pytest.approx(want)
+
+
+def test_script_prints_and_resumes_its_table(tmp_path: Path) -> None:
+    out = tmp_path / "t.md"
+    cmd = [sys.executable, str(ROOT / "bench" / "models.py"), "--quick", "--only", f"{SMALL}@100%",
+           "--limits", "1,2", "--out", str(out)]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=90, cwd=ROOT)
+    assert first.returncode == 0, first.stderr
+    head = header([1.0, 2.0])[0]
+    assert head in first.stdout
+    for col in [*NAMES, "ours: first plan", "ours @1s", "ours @2s", "proven bound", "gap @2s",
+                "vs best peer", "offloaded GiB/iter"]:
+        assert f"| {col} |" in head
+    rows = [line for line in out.read_text().splitlines() if line.startswith(f"| {SMALL}@100% |")]
+    assert len(rows) == 1 and rows[0].count("|") == head.count("|")
+    assert "%" in rows[0].split("|")[-4]  # the gap cell is a number, not an error
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert again.returncode == 0 and "1 of 1 rows already there" in again.stderr
+    assert out.read_text().count(f"| {SMALL}@100% |") == 1
