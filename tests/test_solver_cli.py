@@ -1,8 +1,10 @@
-"""`pipeplan solve`: writes a valid plan, reports progress on stderr, exits 2 on infeasible budgets."""
+"""`pipeplan solve`: writes a valid plan, reports progress on stderr, says how the search ended
+("optimal (proven)" only with a proof, else the spent budget and the gap), exits 2 on infeasible budgets."""
 
 from __future__ import annotations
 
 import json
+import re
 
 from core_schedules import problem_doc
 from typer.testing import CliRunner
@@ -29,3 +31,32 @@ def test_solve_exits_2_with_the_least_memory_on_an_infeasible_budget(tmp_path):
     assert result.exit_code == 2
     assert "100.0 MiB" in result.stderr and "device 0" in result.stderr
     assert not (tmp_path / "plan.json").exists()
+
+
+def final_line(result) -> str:
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_solve_says_optimal_only_when_proven(tmp_path):
+    (tmp_path / "p.json").write_text(json.dumps(problem_doc(p=2, m=4)))  # 1F1B meets the lower bound
+    result = CliRunner().invoke(app, ["solve", str(tmp_path / "p.json"), "--time-limit", "5", "--workers", "1",
+                                      "--out", str(tmp_path / "plan.json")])
+    assert result.exit_code == 0, result.output
+    assert "optimal (proven)" in final_line(result), result.stderr
+
+
+def test_solve_with_a_gap_says_the_budget_was_spent_and_the_gap(tmp_path):
+    """P=8, M=32 at half memory with 3-ms copies (bench/quality.py het-p8-m32-half-slow): one second
+    cannot close its gap, and the last line must say so instead of sounding finished."""
+    doc = problem_doc(p=8, m=32, p2p=0.05, b=1.2, w=0.8, weight_grad_mib=100.0, offload=True, offload_ms=3.0,
+                      offloadable_mib=100.0, limit=1400.0, static=1000.0)
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    result = CliRunner().invoke(app, ["solve", str(tmp_path / "p.json"), "--time-limit", "1", "--workers", "1",
+                                      "--out", str(tmp_path / "plan.json")])
+    assert result.exit_code == 0, result.output
+    line = final_line(result)
+    found = re.search(r"budget spent after [0-9.]+ s, gap ([0-9.]+)% to the proven bound;", line)
+    assert found and float(found.group(1)) > 0, line
+    assert "optimal" not in line
+    plan = Plan.model_validate_json((tmp_path / "plan.json").read_text())
+    assert plan.status == "feasible" and plan.gap > 0
