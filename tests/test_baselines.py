@@ -35,13 +35,16 @@ def reference_case(p: int, m: int, het: bool, chunks: int = 1, limit: float | No
         "stages": stages, "devices": [{"memory_limit_mib": limit}] * p})
 
 
-# (case, 1F1B, ZB-H1, ZB auto @1p, ZB-V @1p) from DESIGN.md section 4
+# (case, 1F1B, ZB-H1, ZB auto @1p, ZB-V @1p) from DESIGN.md section 4, except ZB-H1 on het: DESIGN's
+# 109.2 / 220.4 are the time-filled pattern's; the published order (the same order torch's
+# ScheduleInterleavedZeroBubble generates for one stage per rank, see tests/test_peers.py) gives
+# 107.2 / 216, equal to the ZB automatic scheduler at 1F1B's memory.
 REFERENCE = [
     ((4, 8, False), 33, 27, 27, 25.5),
     ((8, 32, False), 117, 103, 103, 99.5),
     ((16, 64, False), 237, 207, 207, 199.5),
-    ((8, 32, True), 120.4, 109.2, 107.2, 101.95),
-    ((16, 64, True), 244.4, 220.4, 216, 204.9),
+    ((8, 32, True), 120.4, 107.2, 107.2, 101.95),
+    ((16, 64, True), 244.4, 216, 216, 204.9),
 ]
 
 
@@ -160,12 +163,13 @@ def test_compare_lists_every_name():
 
 
 @pytest.mark.parametrize("case, f1b, h1, auto, zbv", REFERENCE)
-def test_reference_zb_v_hand_made_order(case, f1b, h1, auto, zbv):
-    """ZB-V's hand-made order: the reference on uni, within 1% on het; peak 1p plus one chunk."""
+def test_reference_zb_v_published_order(case, f1b, h1, auto, zbv):
+    """ZB-V's published order without a limit: the reference on uni, within 1% on het (101.85 and
+    204.65 against 101.95 and 204.9); never above 1F1B's peak (P activations)."""
     p, m, het = case
     plan = run_baseline(reference_case(p, m, het, chunks=2), "zb-v")
     assert plan.makespan_ms == pytest.approx(zbv, rel=0.01 if het else 1e-9)
-    assert max(plan.peak_memory_mib) <= p + 0.5
+    assert max(plan.peak_memory_mib) <= p
 
 
 def test_serialized_fallback_waits_for_the_same_devices_later_stage():

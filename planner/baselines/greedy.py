@@ -15,9 +15,9 @@ from ..bounds import first_backward_start, forward_head
 from ..contract import Plan, Problem
 from ..simulator import ScheduleError
 from .classic import serialized_schedule
-from .common import DoesNotFit, NotApplicable, Outcome, better, evaluate
+from .common import TIE_TOLERANCE, DoesNotFit, NotApplicable, Outcome, better, evaluate
 from .engine import EngineConfig, Treat, run_engine
-from .zero_bubble import zb_h1_lean_schedule, zb_h2_schedule, zb_v_static_lean_schedule, zb_v_static_schedule
+from .zero_bubble import zb_fill_1p_schedule, zb_fill_2p_schedule, zb_v_schedule
 
 
 def min_lifetime(problem: Problem, k: int) -> float:
@@ -182,9 +182,9 @@ def greedy_plan(problem: Problem, problem_key: str | None = None) -> Plan:
 OPS_BUDGET = 40_000  # engine runs x ops: bounds greedy to a few engine runs at P=32, M=128
 
 
-PATTERNS = (("greedy(zb-h1 pattern)", zb_h1_lean_schedule), ("greedy(zb-h2 pattern)", zb_h2_schedule),
-            ("greedy(zb-v pattern)", zb_v_static_schedule),
-            ("greedy(zb-v lean pattern)", zb_v_static_lean_schedule))
+PATTERNS = (("greedy(zb-fill 1p pattern)", zb_fill_1p_schedule),
+            ("greedy(zb-fill 2p pattern)", zb_fill_2p_schedule),
+            ("greedy(zb-v pattern)", zb_v_schedule))
 
 
 def inline_runs(problem: Problem) -> int:
@@ -193,8 +193,10 @@ def inline_runs(problem: Problem) -> int:
 
 
 def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[], bool] = lambda: True,
-                   skip: int = 0) -> Outcome:
-    """Fastest fitting variant of the memory-aware engine, else the serialized schedule.
+                   skip: int = 0, tolerance: float = TIE_TOLERANCE) -> Outcome:
+    """Fastest fitting variant of the memory-aware engine, else the serialized schedule; among
+    variants within `tolerance` (relative) of the fastest, the one that offloads fewer MiB, then
+    recomputes less (common.better; each already pruned by common.evaluate).
 
     The unit-cost zero-bubble patterns (re-timed) are tried first: at 1F1B's memory they are often
     best. Engine variants follow, most promising first (reducing activations first when no pattern
@@ -206,7 +208,7 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
     pattern_fits = False
     for label, build in PATTERNS:
         try:
-            best = better(best, evaluate(problem, build(problem), label))
+            best = better(best, evaluate(problem, build(problem), label), tolerance)
             pattern_fits = True
         except (NotApplicable, DoesNotFit, ScheduleError):
             continue
@@ -224,12 +226,12 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
         if schedule is None:
             continue
         own = schedule.engine_timing  # type: ignore[attr-defined]
-        if best is not None and own.makespan >= best.makespan * (1 + 1e-9):
+        if best is not None and own.makespan > best.makespan * (1 + tolerance):
             continue  # almost surely slower (a speed heuristic only: validity does not depend on it)
         label = f"greedy({name}{', ' + treat_name if treat_name else ''})"
         for timing in (None, own):  # ASAP re-timing first; the engine's own if that breaks a limit
             try:
-                best = better(best, evaluate(problem, schedule, label, timing))
+                best = better(best, evaluate(problem, schedule, label, timing), tolerance)
                 break
             except (DoesNotFit, ScheduleError):
                 continue

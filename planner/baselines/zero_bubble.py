@@ -1,8 +1,20 @@
-"""Zero-bubble schedules (Qi et al., 2023) built by the list-scheduling engine.
+"""Zero-bubble schedules (Qi et al., 2023, "Zero Bubble Pipeline Parallelism").
 
-ZB-H1 keeps 1F1B's warm-up (at most S-k forwards of stage k ahead of its backwards) and lets W passes
-fill the bubbles; ZB-H2 doubles the warm-up (2(S-k)-1) so the start-up bubble is filled with forwards
-too. ZB-V places stage k and 2P-1-k on one device and runs both chunks under 1F1B's memory.
+The published hand-made orders are explicit per-device compute orders, like classic.one_f_one_b_orders;
+the simulator times them with the real costs:
+
+- ZB-H1 (paper §2.1): 1F1B's warm-up, the backward split into B and W, and stage k's W's delayed by k
+  microbatches (torch's ScheduleInterleavedZeroBubble does the same with num_1f1b_microbatches = rank).
+  Every device then holds min(S, M) microbatches in flight (forward done, W not done), as 1F1B's first
+  device does, and the uniform-cost makespan drops from (M+S-1)(F+B+W) to M(F+B+W) + (S-1)F.
+- ZB-H2 (paper §2.2): twice the warm-up (2(S-k)-1 forwards) and W's delayed by 2k microbatches, so
+  every device holds up to min(2S-1, M) in flight and, on uniform costs with free links and M >= 2S,
+  never idles between its first and its last op.
+- ZB-V (paper §6): two chunks in V placement within 1F1B's peak (`zb_v_schedule`).
+
+The time-filled variants (`zb_fill_*`) are NOT published schedules: the
+list-scheduling engine fills gaps with W's by time on the unit-cost twin. The greedy and the offload
+baselines start from them; they are not peers and carry no peer's name.
 """
 
 from __future__ import annotations
@@ -17,6 +29,8 @@ from ..ops import Kind, Op
 from ..simulator import Schedule
 from .common import NotApplicable, is_v_placement, require_one_chunk, require_split, schedule_of
 from .engine import EngineConfig, run_engine
+
+Orders = list[list[Op]]
 
 _CACHE: OrderedDict[tuple[str, str], Schedule | NotApplicable] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
@@ -58,31 +72,68 @@ def unit_twin(problem: Problem) -> Problem:
     return problem.model_copy(update={"stages": stages, "p2p_ms": 0.0})
 
 
-@cached
-def zb_h1_schedule(problem: Problem) -> Schedule:
-    """ZB-H1: 1F1B's warm-up, every W deferred into the bubbles (on the unit-cost pattern)."""
+def zb_h1_orders(problem: Problem) -> Orders:
+    """ZB-H1 as published: stage k runs S-k forwards before its first B, then B, W of the microbatch
+    k earlier, F; the cool-down drains the last k W's.
+
+    Every device peaks at min(S, M) microbatches in flight, 1F1B's first-device peak, so with
+    identical stages (same activation, weight_grad and static memory everywhere) and one budget for
+    all devices ZB-H1 fits wherever 1F1B fits. With heterogeneous memory figures a later device may
+    need more than under 1F1B (1F1B holds S-k there, ZB-H1 holds S).
+    """
     require_split(problem, "zb-h1")
     require_one_chunk(problem, "zb-h1")
     s = problem.num_stages
-    return _run(unit_twin(problem), EngineConfig(split=True, cap=[s - k for k in range(s)]))
+    return _lagged_orders(problem, ahead=[s - k for k in range(s)], lag=list(range(s)))
+
+
+def zb_h2_orders(problem: Problem) -> Orders:
+    """ZB-H2 as published: stage k runs 2(S-k)-1 forwards before its first B (forwards fill the
+    start-up bubble) and delays its W's by 2k microbatches (they fill the cool-down: the trapezoid
+    becomes a parallelogram). B, W, F in the steady state keeps the first device at 2S-1 in flight.
+    """
+    require_split(problem, "zb-h2")
+    require_one_chunk(problem, "zb-h2")
+    s = problem.num_stages
+    return _lagged_orders(problem, ahead=[2 * (s - k) - 1 for k in range(s)], lag=[2 * k for k in range(s)])
+
+
+def _lagged_orders(problem: Problem, ahead: list[int], lag: list[int]) -> Orders:
+    """Stage k: `ahead[k]` forwards, then per microbatch i: B(i), W(i - lag[k]), the next F; then the
+    W's still owed. 1F1B's structure with the W's of each stage a fixed number of microbatches late."""
+    m = problem.num_microbatches
+    orders: Orders = [[] for _ in range(problem.num_devices)]
+    for k in range(problem.num_stages):
+        warm = min(m, ahead[k])
+        order = [Op(Kind.F, k, i) for i in range(warm)]
+        for i in range(m):
+            order.append(Op(Kind.B, k, i))
+            if i >= lag[k]:
+                order.append(Op(Kind.W, k, i - lag[k]))
+            if warm + i < m:
+                order.append(Op(Kind.F, k, warm + i))
+        order += [Op(Kind.W, k, j) for j in range(max(0, m - lag[k]), m)]
+        orders[problem.stages[k].device] = order
+    return orders
 
 
 @cached
-def zb_h1_lean_schedule(problem: Problem) -> Schedule:
-    """ZB-H1 at 1F1B's memory even when W holds the activation: W right after its B except for the
-    last S microbatches, whose W's fill the cool-down (the ZB automatic scheduler's answer at 1p)."""
-    require_split(problem, "zb-h1")
-    require_one_chunk(problem, "zb-h1")
+def zb_fill_1p_schedule(problem: Problem) -> Schedule:
+    """Not a published schedule: the engine on the unit-cost twin with 1F1B's warm-up cap, W right
+    after its B except the last S microbatches', which fill the cool-down by time (what the ZB
+    automatic scheduler answers at 1F1B's memory)."""
+    require_split(problem, "zb-fill")
+    require_one_chunk(problem, "zb-fill")
     s = problem.num_stages
     return _run(unit_twin(problem), EngineConfig(split=True, cap=[s - k for k in range(s)],
                                                  w_lag=[10**9] * s, w_tail=[s] * s))
 
 
 @cached
-def zb_h2_schedule(problem: Problem) -> Schedule:
-    """ZB-H2: twice 1F1B's warm-up so forwards fill the start-up bubble; W's fill the rest."""
-    require_split(problem, "zb-h2")
-    require_one_chunk(problem, "zb-h2")
+def zb_fill_2p_schedule(problem: Problem) -> Schedule:
+    """Not a published schedule: ZB-H2's warm-up cap on the engine, W's filling gaps by time."""
+    require_split(problem, "zb-fill")
+    require_one_chunk(problem, "zb-fill")
     s = problem.num_stages
     return _run(unit_twin(problem), EngineConfig(split=True, cap=[2 * (s - k) - 1 for k in range(s)],
                                                  w_lag=[10**9] * s, w_tail=[2 * s] * s))
@@ -106,106 +157,61 @@ def _require_zb_v(problem: Problem) -> None:
         raise NotApplicable("zb-v needs V placement: 2 stages per device, stage k and 2P-1-k together")
 
 
-@cached
-def zb_v_schedule(problem: Problem) -> Schedule:
-    _require_zb_v(problem)
-    budget = one_f_one_b_memory(problem)
-    caps = [min(b, problem.limit_of(d)) for d, b in enumerate(budget)]
-    return _run(problem, EngineConfig(split=True, mem_cap=caps, prefer_late_forward=True), "zb-v")
-
-
-@cached
-def zb_v_tight_schedule(problem: Problem) -> Schedule:
-    """ZB-V without the later-chunk reserve: denser when it does not block (it may, then N/A)."""
-    _require_zb_v(problem)
-    twin = unit_twin(problem)
-    caps = [min(b, problem.limit_of(d)) for d, b in enumerate(one_f_one_b_memory(twin))]
-    return _run(twin, EngineConfig(split=True, mem_cap=caps, prefer_late_forward=True,
-                                   chunk_reserve=False), "zb-v")
-
-
-@cached
-def zb_v_pattern_schedule(problem: Problem) -> Schedule:
-    """ZB-V's pattern on the unit-cost twin (re-timed with the real costs by the caller)."""
-    _require_zb_v(problem)
-    twin = unit_twin(problem)
-    budget = one_f_one_b_memory(twin)
-    caps = [min(b, problem.limit_of(d)) for d, b in enumerate(budget)]
-    return _run(twin, EngineConfig(split=True, mem_cap=caps, prefer_late_forward=True), "zb-v")
-
-
-def _run(problem: Problem, cfg: EngineConfig, what: str = "zero-bubble") -> Schedule:
+def _run(problem: Problem, cfg: EngineConfig, what: str = "zb-fill") -> Schedule:
     schedule = run_engine(problem, cfg)
     if schedule is None:
         raise NotApplicable(f"{what}: the list scheduler could not place every op under its caps")
     return schedule
 
 
-@cached
-def zb_v_static_schedule(problem: Problem) -> Schedule:
-    return _zb_v_static(problem, ("F0", "B1", "W", "F1", "B0", "W"))
+def zb_v_orders(problem: Problem) -> Orders:
+    """ZB-V as published (paper §6; torch's ScheduleZBVZeroBubble generates the same order): two
+    chunks in V placement, every device at most 2P chunk activations in flight, i.e. P full
+    microbatches, what 1F1B's first device holds for the same model on P devices.
 
-
-@cached
-def zb_v_static_lean_schedule(problem: Problem) -> Schedule:
-    """The same order with the steady state as B1 W F0 B0 W F1: never more than 1F1B's memory in the
-    W-holds-the-activation model, at about half a microbatch of extra time."""
-    return _zb_v_static(problem, ("B1", "W", "F0", "B0", "W", "F1"))
-
-
-def _zb_v_static(problem: Problem, main: tuple[str, ...]) -> Schedule:
-    """ZB-V's hand-made order (after the paper's V schedule), for M >= 2P - 1.
-
-    Device i (chunk 0 = stage i, chunk 1 = stage 2P-1-i): 2(P-i-1) F0; (i+1) x F0 F1;
-    (P-i-1) x B1 W F1; (M-2P+i+1) x `main` (F0 B1 W F1 B0 W); (P-i-1) x B1 W F1 B0 W; (i+1) x B1 B0 W;
-    (P-i-1) x W B0; then the remaining W's. W is always the oldest pending one. In the memory model
-    where W holds the activation it peaks at 1F1B's memory plus one chunk activation.
+    Device i (chunk 0 = stage i, chunk 1 = stage 2P-1-i), with n = max(M, 2P-1) microbatches:
+    2(P-i)-1 F0; i x F1 F0; (P-i) x F1 B1 W1; then F0 B0 W0 F1 B1 W1 until every forward is placed
+    (F0 left out once all n are done); cool-down i x B0 B1, (P-i) x B0 W0, then the owed W1's and
+    W0's. Microbatches beyond M (when M < 2P-1) are dropped: the order stays valid, with bubbles.
     """
     _require_zb_v(problem)
     p, m = problem.num_devices, problem.num_microbatches
-    if m < 2 * p - 1:
-        raise NotApplicable(f"zb-v's hand-made order needs M >= 2P-1 = {2 * p - 1}")
-    orders: list[list[Op]] = [[] for _ in range(p)]
+    orders: Orders = [[] for _ in range(p)]
     for i in range(p):
-        orders[problem.stages[i].device] = _v_device_order(i, p, m, main)
-    return schedule_of(problem, orders)
+        order = _v_device_order(i, p, max(m, 2 * p - 1))
+        orders[problem.stages[i].device] = [op for op in order if op.mb < m]
+    return orders
 
 
-def _v_device_order(i: int, p: int, m: int, main: tuple[str, ...]) -> list[Op]:
-    """The compute order of the device holding stages i and 2P-1-i (see _zb_v_static)."""
-    chunk = {"0": i, "1": 2 * p - 1 - i}
-    count = {"F0": 0, "F1": 0, "B0": 0, "B1": 0}
-    pending: list[Op] = []
+@cached
+def zb_v_schedule(problem: Problem) -> Schedule:
+    """`zb_v_orders` as a (memoized) schedule: the baseline, a greedy candidate and an offload base."""
+    return schedule_of(problem, zb_v_orders(problem))
+
+
+def _v_device_order(i: int, p: int, n: int) -> list[Op]:
+    """The compute order of the device holding stages i and 2P-1-i (see zb_v_orders)."""
+    stage = {"0": i, "1": 2 * p - 1 - i}
+    count = {name: 0 for name in ("F0", "F1", "B0", "B1", "W0", "W1")}
     order: list[Op] = []
 
     def put(*names: str) -> None:
         for name in names:
-            if name == "W":
-                if pending:
-                    order.append(pending.pop(0))
-                continue
-            k, j = chunk[name[1]], count[name]
+            order.append(Op(Kind(name[0]), stage[name[1]], count[name]))
             count[name] += 1
-            if name[0] == "F":
-                order.append(Op(Kind.F, k, j))
-            else:
-                order.append(Op(Kind.B, k, j))
-                pending.append(Op(Kind.W, k, j))
 
-    for _ in range(2 * (p - i - 1)):
-        put("F0")
-    for _ in range(i + 1):
-        put("F0", "F1")
-    for _ in range(p - i - 1):
-        put("B1", "W", "F1")
-    for _ in range(m - 2 * p + i + 1):
-        put(*main)
-    for _ in range(p - i - 1):
-        put("B1", "W", "F1", "B0", "W")
-    for _ in range(i + 1):
-        put("B1", "B0", "W")
-    for _ in range(p - i - 1):
-        put("W", "B0")
-    while pending:
-        put("W")
+    put(*["F0"] * (2 * (p - i) - 1))
+    for _ in range(i):
+        put("F1", "F0")
+    for _ in range(p - i):
+        put("F1", "B1", "W1")
+    while count["F1"] < count["F0"] or count["F0"] < n:
+        if count["F0"] < n:
+            put("F0")
+        put("B0", "W0", "F1", "B1", "W1")
+    for _ in range(i):
+        put("B0", "B1")
+    for _ in range(p - i):
+        put("B0", "W0")
+    put(*["W1"] * (count["B1"] - count["W1"]), *["W0"] * (count["B0"] - count["W0"]))
     return order
