@@ -11,12 +11,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..contract import Plan, Problem
-from ..memory import peak_memory
+from ..memory import host_memory, offloaded_mib, peak_memory, recompute_ms
 from ..ops import BACKWARD_KINDS, Kind, Op, duration
 from ..simulator import DeviceOrder, Gate, Schedule, Timing, build_plan, simulate
+from ..transfers import cost_key, is_treated, prune, retime
 from ..validator import assert_valid
 
 TOL = 1e-6
+TIE_TOLERANCE = 1e-9  # relative: makespans this close tie, and the fewer offloaded MiB wins
 LARGE_OPS = 2048  # stages x microbatches above which the slow baselines are skipped or trimmed
 
 
@@ -102,27 +104,52 @@ def does_not_fit(problem: Problem, name: str, peaks: list[float]) -> DoesNotFit:
     return DoesNotFit(f"{name} does not fit the memory limits: " + "; ".join(parts), peaks)
 
 
+def host_over_limit(problem: Problem, schedule: Schedule, timing: Timing) -> list[str]:
+    """'device d would need X MiB of pinned host memory ...' for each device over its host cap."""
+    out = []
+    for d, order in enumerate(schedule.devices):
+        need, cap = host_memory(problem, timing.timed(order.d2h + order.h2d)), problem.host_limit_of(d)
+        if need > cap + TOL * max(1.0, cap):
+            out.append(f"device {d} would need {need:.1f} MiB of pinned host memory but its host limit is"
+                       f" {cap:.1f} MiB")
+    return out
+
+
 @dataclass
 class Outcome:
     """A timed schedule that fits: cheap to compare; `plan()` builds and validates plan v1 only for
-    the one a caller keeps (building and validating is most of the cost on large problems)."""
+    the one a caller keeps (building and validating is most of the cost on large problems).
+
+    `pruned`: treatments were dropped with every other op kept in place, so `plan()` first tries
+    starting every op as early as the thinner schedule allows (one more simulation, for the kept one).
+    """
 
     problem: Problem
     schedule: Schedule
     timing: Timing
     method: str
+    pruned: bool = False
 
     @property
     def makespan(self) -> float:
         return self.timing.makespan
 
+    @property
+    def transfer_cost(self) -> tuple[float, float]:
+        """(offloaded MiB, recompute ms) per iteration: the tie-break after the makespan."""
+        return cost_key(offloaded_mib(self.problem, self.timing.choices),
+                        recompute_ms(self.problem, self.timing.choices))
+
     def plan(self, problem_key: str | None = None) -> Plan:
-        plan = build_plan(self.problem, self.schedule, self.timing, self.method, problem_key=problem_key)
+        timing = retime(self.problem, self.schedule, self.timing) if self.pruned else self.timing
+        plan = build_plan(self.problem, self.schedule, timing, self.method, problem_key=problem_key)
         return assert_valid(self.problem, plan, problem_key)
 
 
 def evaluate(problem: Problem, schedule: Schedule, method: str, timing: Timing | None = None) -> Outcome:
-    """Time the schedule and refuse it (DoesNotFit) if it breaks a memory limit."""
+    """Time the schedule and refuse it (DoesNotFit) if it breaks a memory limit; drop the offloads
+    and recomputes it does not need (transfers.prune) and refuse it if it still needs more pinned
+    host memory than a device's host limit."""
     memo = getattr(schedule, "_evaluated", None)  # shared (cached) pattern schedules are timed once
     if timing is None and memo is not None and memo[0] is problem:
         timing, peaks = memo[1], memo[2]
@@ -132,21 +159,47 @@ def evaluate(problem: Problem, schedule: Schedule, method: str, timing: Timing |
         schedule._evaluated = (problem, timing, peaks)  # type: ignore[attr-defined]
     if over_limit(problem, peaks):
         raise does_not_fit(problem, method, peaks)
-    return Outcome(problem, schedule, timing, method)
+    if not is_treated(timing.choices):
+        return Outcome(problem, schedule, timing, method)
+    thin = prune(problem, schedule, timing)
+    host = host_over_limit(problem, thin.schedule, thin.timing)
+    if host:
+        raise DoesNotFit(f"{method} does not fit the host memory limits: " + "; ".join(host), peaks)
+    return Outcome(problem, thin.schedule, thin.timing, method, pruned=thin.removed > 0)
 
 
-def better(a: Outcome | None, b: Outcome | None) -> Outcome | None:
+def better(a: Outcome | None, b: Outcome | None, tolerance: float = TIE_TOLERANCE) -> Outcome | None:
+    """The faster; between makespans within `tolerance` (relative) of each other, the one that
+    offloads fewer MiB, then recomputes less (a host copy is never free: docs/transfers.md)."""
     if a is None:
         return b
     if b is None:
         return a
-    return b if b.makespan < a.makespan - 1e-9 else a
+    if abs(b.makespan - a.makespan) <= tolerance * max(a.makespan, b.makespan):
+        return b if b.transfer_cost < a.transfer_cost else a
+    return b if b.makespan < a.makespan else a
 
 
 def finalize(problem: Problem, schedule: Schedule, method: str, problem_key: str | None = None,
              timing: Timing | None = None) -> Plan:
     """Time the schedule, refuse it if it breaks a memory limit, and return the validated plan."""
     return evaluate(problem, schedule, method, timing).plan(problem_key)
+
+
+def in_flight(plan: Plan) -> list[int]:
+    """Per device, the most stage-microbatches in flight at once: forward started, W (or BW) not yet
+    ended. The measure the published schedules are defined by (1F1B: S-k on stage k; ZB-H1: min(S, M)
+    everywhere), independent of the memory figures. Ops at one instant count frees first."""
+    out = []
+    for device in plan.devices:
+        events = sorted([(op.start_ms, 1) for op in device.ops if op.kind == "F"]
+                        + [(op.end_ms, 0) for op in device.ops if op.kind in ("W", "BW")])
+        level = peak = 0
+        for _, up in events:
+            level += 1 if up else -1
+            peak = max(peak, level)
+        out.append(peak)
+    return out
 
 
 def schedule_of(problem: Problem, compute: list[list[Op]], treat: dict[tuple[int, int], str] | None = None,

@@ -92,6 +92,7 @@ def _renumber_last_rank_forwards(problem: Problem, orders: Orders) -> bool:
 
 def _peer(name: str, class_name: str, check: Callable[[Problem], None]) -> Callable[[Problem], Outcome]:
     def run(problem: Problem) -> Outcome:
+        _schedules()  # "torch is not installed" before any placement reason
         check(problem)
         orders = to_orders(problem, pipeline_order(problem, class_name))
         method = name

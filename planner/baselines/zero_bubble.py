@@ -79,7 +79,8 @@ def zb_h1_orders(problem: Problem) -> Orders:
     Every device peaks at min(S, M) microbatches in flight, 1F1B's first-device peak, so with
     identical stages (same activation, weight_grad and static memory everywhere) and one budget for
     all devices ZB-H1 fits wherever 1F1B fits. With heterogeneous memory figures a later device may
-    need more than under 1F1B (1F1B holds S-k there, ZB-H1 holds S).
+    need more than under 1F1B (1F1B holds S-k there, ZB-H1 holds S). With the same durations on every
+    stage it is never slower than 1F1B; with uneven ones this fixed order can be (tests/test_peers.py).
     """
     require_split(problem, "zb-h1")
     require_one_chunk(problem, "zb-h1")
