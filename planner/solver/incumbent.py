@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 from ..contract import Plan, Problem
+from ..transfers import prune_plan, transfer_cost
 from ..validator import validate_plan
 
 log = logging.getLogger(__name__)
@@ -47,14 +48,27 @@ class Incumbent:
             self.closed = True
 
     def offer(self, plan: Plan | None, ticks=None) -> bool:
-        """Take `plan` if it is valid and strictly faster; tell the caller. Never raises.
+        """Take `plan` if it is valid and better; tell the caller. Never raises.
 
-        The callback runs under the lock so that the caller sees plans in strictly improving order
-        even when a seeding thread and a solver offer at once."""
+        Better is lexicographic: faster by EPS_MS, else as fast and offloading fewer MiB, then
+        recomputing less (a host copy is never free: docs/transfers.md). A plan that offloads or
+        recomputes is first stripped of the treatments its memory does not need (transfers.prune_plan,
+        times kept, so the makespan is unchanged; then `ticks` no longer match and are dropped).
+        The callback runs under the lock so that the caller sees plans in improving order even when a
+        seeding thread and a solver offer at once."""
         if plan is None:
             return False
         with self._lock:
-            if self.closed or plan.makespan_ms >= self.makespan - EPS_MS:
+            if self.closed or plan.makespan_ms >= self.makespan + EPS_MS:
+                return False
+            try:
+                thin = prune_plan(self.problem, plan)
+            except Exception:  # a malformed plan: offered as it is, and validation rejects it
+                log.exception("pruning a plan's transfers failed")
+                thin = plan
+            if thin is not plan:
+                plan, ticks = thin, None
+            if plan.makespan_ms >= self.makespan - EPS_MS and transfer_cost(plan) >= transfer_cost(self.plan):
                 return False
             if self.solver_bound is not None and (plan.solver_bound_ms or 0.0) < self.solver_bound:
                 plan = plan.model_copy(update={"solver_bound_ms": min(self.solver_bound, plan.makespan_ms)})
