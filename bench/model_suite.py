@@ -124,7 +124,8 @@ SUITE: list[Case] = [
     # uneven clusters: one budget per device
     Case("llama3-8b-p8-mixed-40-26", LLAMA3_8B, 8, budget_gib=[40.0] * 4 + [26.0] * 4, offload=True,
          note="issue: 20% gap"),
-    Case("qwen2.5-7b-p8-mixed-80-40", QWEN25_7B, 8, budget_gib=[80.0] * 2 + [40.0] * 6, offload=True),
+    # the first two devices (1F1B's most in-flight microbatches) short of memory, the rest roomy
+    Case("qwen2.5-7b-p8-mixed-20-36", QWEN25_7B, 8, budget_gib=[20.0] * 2 + [36.0] * 6, offload=True),
 ]
 
 

@@ -64,7 +64,8 @@ class Row:
 
     def problem(self) -> Problem:
         base = problem_from_document(self.case.spec())
-        devices = [d.model_copy(update={"memory_limit_mib": lim}) for d, lim in zip(base.devices, self.limits_mib)]
+        devices = [d.model_copy(update={"memory_limit_mib": lim})
+                   for d, lim in zip(base.devices, self.limits_mib)]
         options = base.options.model_copy(update={"offload": self.relaxed, "recompute": self.relaxed})
         return base.model_copy(update={"devices": devices, "options": options})
 
@@ -73,7 +74,8 @@ def one_f_one_b_peak(case: Case) -> float:
     """1F1B's peak (MiB, max over devices) for the case's model on its devices, loop, one stage each,
     no memory limit: the reference the budgets are shares of."""
     ref = problem_from_document(case.spec(placement="loop", chunks=1))
-    free = ref.model_copy(update={"devices": [d.model_copy(update={"memory_limit_mib": None}) for d in ref.devices]})
+    devices = [d.model_copy(update={"memory_limit_mib": None}) for d in ref.devices]
+    free = ref.model_copy(update={"devices": devices})
     return max(run_baseline(free, "1f1b").peak_memory_mib)
 
 
@@ -205,7 +207,8 @@ def solved_cells(r: dict[str, Any], limits: list[float]) -> list[str]:
     gap = 100 * (r["final"] / r["bound"] - 1) if r["bound"] > 0 else float("nan")
     vs = f"{min(fitting) / r['final']:.2f}×" if fitting else "none fits"
     return peers + [f"{first_ms:,.0f} ({first_s:.1f} s)"] + at + [
-        f"{r['final']:,.0f}{star}", f"{r['bound']:,.0f}", f"{gap:.1f}%", vs, f"{r['offloaded_mib'] / GIB:,.0f}"]
+        f"{r['final']:,.0f}{star}", f"{r['bound']:,.0f}", f"{gap:.1f}%", vs,
+        f"{r['offloaded_mib'] / GIB:,.0f}"]
 
 
 def done_ids(out: Path, head: list[str]) -> set[str]:
@@ -234,7 +237,8 @@ def select_rows(quick: bool, only: str | None) -> Iterator[Row]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--limits", default=None, help="comma-separated seconds; one solve of the largest (default 10,60)")
+    ap.add_argument("--limits", default=None,
+                    help="comma-separated seconds; one solve of the largest (default 10,60)")
     ap.add_argument("--only", default=None, help="rows whose id (see --list) contains this text")
     ap.add_argument("--quick", action="store_true", help="small cases at 100%% and 50%%, limits 2,5")
     ap.add_argument("--out", type=Path, default=None, help="Markdown file; rows appended as they finish, "
@@ -250,8 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     head = header(limits)
     done = done_ids(args.out, head) if args.out else set()
     todo = [r for r in rows if r.id not in done]
-    if done:
-        print(f"{args.out}: resuming, {len(rows) - len(todo)} of {len(rows)} rows already there", file=sys.stderr)
+    if len(todo) < len(rows):
+        print(f"{args.out}: resuming, {len(rows) - len(todo)} of {len(rows)} rows already there",
+              file=sys.stderr)
     if args.out and not done:
         args.out.write_text("\n".join(head) + "\n")
     print("\n".join(head), flush=True)
