@@ -21,8 +21,9 @@ from starlette.concurrency import run_in_threadpool
 from planner.bounds import MemoryInfeasibleError
 from planner.contract import Problem, error_messages
 
-from .events import revision_message
-from .models import CANCELLED, QUEUED
+from .events import job_message, revision_message
+from .models import CANCELLED, JOB_STATES, QUEUED
+from .outcomes import OUTCOMES
 from .repository import BestPlan, JobInfo
 from .security import require_read, require_write
 from .state import ServiceState
@@ -70,13 +71,32 @@ class RefineRequest(BaseModel):
     time_budget_s: float | None = Field(None, gt=0)
 
 
+JobState = Literal[JOB_STATES]  # type: ignore[valid-type]
+Outcome = Literal[OUTCOMES]  # type: ignore[valid-type]
+
+
 class JobView(BaseModel):
-    state: str
+    """The key's refine job. `state` says where the run is; once it is over, `outcome` says how it
+    ended, with the best plan's gap: a spent budget is never reported as optimal."""
+
+    state: JobState = Field(description="queued, solving, done (ended on its own: see outcome), failed or"
+                            " cancelled.")
+    outcome: Outcome | None = Field(
+        None, description="How the last run ended: optimal (proven: the makespan meets a proven bound),"
+        " budget (the time budget ran out with a gap), stalled (the search gave up before the budget without"
+        " proof), stopped (cancelled). Null while queued or solving, after a failure, or for runs finished"
+        " before outcomes were recorded.")
+    gap_pct: float | None = Field(None, description="Gap of the best plan to the proven lower bound, in percent,"
+                                  " when the run ended.")
+    searched_s: float | None = Field(None, description="Seconds the solver searched for this job (all attempts).")
+    run_improvements: int | None = Field(None, description="Better revisions the last run stored.")
+    outcome_text: str | None = Field(None, description='The outcome in words, as the CLI and dashboard print'
+                                     ' it, e.g. "budget spent after 30 s, gap 4.1% to the proven bound".')
     budget_s: float
     used_s: float
     attempts: int
     runs: int
-    improvements: int
+    improvements: int = Field(description="Better revisions stored by every run of this job.")
     cancel_requested: bool
     error: str | None = None
     queued_at: str | None = None
@@ -132,7 +152,9 @@ class PlanSummary(BaseModel):
     method: str
     first_makespan_ms: float
     speedup_over_first: float | None
-    job_state: str | None
+    job_state: JobState | None
+    job_outcome: Outcome | None = Field(None, description="How the last refine run ended (see JobView).")
+    job_outcome_text: str | None = Field(None, description="That outcome in words, with the gap.")
     created_at: str | None
     updated_at: str | None
 
@@ -341,7 +363,8 @@ async def known_key(key: str, request: Request) -> str:
             description="Resume with `Last-Event-ID: N` (or `?after=N`): revisions after N are replayed"
             " first. Without either, the stream starts with the current best revision. Event data is the"
             " plan v1 document (`?summary=true`: key, revision, makespan only). `job` events (no id) report"
-            " refine job state changes.",
+            " refine job state changes: `{\"state\"}`, and when a run ends also `outcome`, `gap_pct`,"
+            " `searched_s`, `run_improvements` and `outcome_text` (see the job object).",
             dependencies=[Depends(require_read), Depends(known_key)])
 async def events(key: str, request: Request, after: int | None = Query(None, ge=0),
                  summary: bool = False, last_event_id: str | None = Header(None)):
@@ -394,7 +417,8 @@ async def events(key: str, request: Request, after: int | None = Query(None, ge=
             if message is None:  # quiet: re-read SQL in case a pub/sub message was lost
                 await st.best(key, fresh=True)
             while message is not None and message.get("type") == "job":
-                yield ServerSentEvent(data={"state": message.get("state")}, event="job")
+                yield ServerSentEvent(data={k: v for k, v in message.items() if k not in ("type", "key")},
+                                      event="job")
                 message = sub.queue.get_nowait() if not sub.queue.empty() else None
             if await request.is_disconnected():
                 return
@@ -429,7 +453,7 @@ def refine(key: str, request: Request, body: RefineRequest | None = None) -> Job
             st.queue.enqueue(key, job.run_id, job.budget_s)
         except Exception as exc:
             log.warning("enqueue of %s failed (%s); the reconciler will retry", key[:12], exc)
-        st.events.publish(key, {"type": "job", "key": key, "state": QUEUED})
+        st.events.publish(key, job_message(key, QUEUED))
     return JobEnvelope(problem_key=key, queued=queued, job=job_view(job), links=links(key))
 
 
@@ -443,7 +467,7 @@ def cancel(key: str, request: Request) -> JobEnvelope:
     if job is None:
         raise ApiError(404, "not_found", f"no job for key {key}")
     if job.state == CANCELLED:
-        st.events.publish(key, {"type": "job", "key": key, "state": CANCELLED})
+        st.events.publish(key, job_message(key, CANCELLED))
     return JobEnvelope(problem_key=key, queued=False, job=job_view(job), links=links(key))
 
 
@@ -467,7 +491,7 @@ def list_plans(
                   "bubble_ratio", "gap", "speedup"] = "updated_at",
     order: Literal["asc", "desc"] = "desc",
     q: str | None = Query(None, max_length=100, description="Key prefix or model name substring"),
-    job_state: Literal["queued", "solving", "converged", "failed", "cancelled"] | None = None,
+    job_state: JobState | None = None,
 ) -> PlanPage:
     items, total = state_of(request).repo.list_plans(offset, limit, sort, order == "desc", q, job_state)
     return PlanPage(items=[PlanSummary(**i) for i in items], total=total, offset=offset, limit=limit)

@@ -17,6 +17,8 @@ from collections import defaultdict
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Protocol
 
+from .outcomes import describe
+
 log = logging.getLogger("pipeplan.events")
 
 ALL = "*"
@@ -26,8 +28,16 @@ def revision_message(key: str, revision: int) -> dict[str, Any]:
     return {"type": "revision", "key": key, "revision": revision}
 
 
-def job_message(key: str, state: str) -> dict[str, Any]:
-    return {"type": "job", "key": key, "state": state}
+def job_message(key: str, state: str, outcome: str | None = None, gap_pct: float | None = None,
+                searched_s: float | None = None, run_improvements: int | None = None) -> dict[str, Any]:
+    """A job state change; a finished run also says how it ended (service.outcomes), so SSE clients
+    need no second request to tell "optimal" from "budget spent"."""
+    message: dict[str, Any] = {"type": "job", "key": key, "state": state}
+    if outcome is not None:
+        message.update(outcome=outcome, gap_pct=gap_pct, searched_s=searched_s,
+                       run_improvements=run_improvements,
+                       outcome_text=describe(outcome, gap_pct, searched_s, run_improvements))
+    return message
 
 
 class Publisher(Protocol):

@@ -37,6 +37,7 @@ def test_submit_miss_then_hit_and_etag(client):
     assert body["problem_key"] == key and body["revision"] == 1 and body["cached"] is False
     assert body["plan"]["format"] == "pipeplan.plan/v1" and body["plan"]["problem_key"] == key
     assert body["job"]["state"] == "queued" and body["job"]["budget_s"] == 1.5
+    assert body["job"]["outcome"] is None and body["job"]["outcome_text"] is None  # nothing searched yet
     assert body["links"]["events"] == f"/v1/plans/{key}/events"
     # same problem spelled differently (ints, defaults omitted): same key, cache hit
     doc = problem_doc(problem)
@@ -179,7 +180,12 @@ def test_health_readiness_and_metrics(client):
     assert "pipeplan_http_request_duration_seconds_bucket" in text
     assert 'pipeplan_jobs{state="queued"} 1.0' in text
     assert "pipeplan_queue_depth" in text and "pipeplan_solver_improvements_total" in text
-    assert "openapi" in client.get("/openapi.json").json()
+    doc = client.get("/openapi.json").json()
+    job = doc["components"]["schemas"]["JobView"]["properties"]
+    assert job["state"]["enum"] == ["queued", "solving", "done", "failed", "cancelled"]
+    outcome = next(s for s in job["outcome"]["anyOf"] if "enum" in s)
+    assert outcome["enum"] == ["optimal", "budget", "stalled", "stopped"]
+    assert "budget" in job["outcome"]["description"] and "percent" in job["gap_pct"]["description"]
 
 
 def test_long_poll_and_sse_follow_new_revisions_with_resume(tmp_path):
@@ -251,8 +257,12 @@ def test_embedded_worker_refines_and_cancel_stops_it(tmp_path):
         wait_for(lambda: c.get(f"/v1/plans/{key}").json()["revision"] >= 2, 15, what="an improvement")
         t0 = time.monotonic()
         c.post(f"/v1/plans/{key}/cancel")
-        wait_for(lambda: c.get(f"/v1/plans/{key}/job").json()["state"] == "cancelled", 10, what="cancel")
+        job = wait_for(lambda: (j := c.get(f"/v1/plans/{key}/job").json())["state"] == "cancelled" and j, 10,
+                       what="cancel")
         assert time.monotonic() - t0 < 5
+        # the embedded pool reports the run's end like the RQ workers: stopped, with its gap
+        assert job["outcome"] == "stopped" and job["gap_pct"] > 0 and job["run_improvements"] >= 1, job
+        assert job["outcome_text"].startswith("stopped after ") and f"gap {job['gap_pct']:.1f}%" in job["outcome_text"]
         revs = c.get(f"/v1/plans/{key}/revisions").json()["revisions"]
         spans = [r["makespan_ms"] for r in revs]
         assert all(b < a for a, b in zip(spans, spans[1:]))

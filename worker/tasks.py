@@ -1,5 +1,8 @@
 """The refine job: claim the run in SQL, solve warm-started from the best stored plan, store and
-publish every better revision, heartbeat, honour cancel, finish.
+publish every better revision, heartbeat, honour cancel, finish with how the search ended.
+
+A run that ends on its own is "done" with the solver's outcome (optimal / budget / stalled) and the
+best plan's gap; a cancelled one keeps its outcome ("stopped") too. Nothing is called converged.
 
 The same `run_job` runs inside RQ work horses (`rq_refine`) and inside the embedded thread pool.
 Ownership is decided in SQL: a run that cannot claim its row, or whose heartbeat finds the row taken
@@ -20,7 +23,7 @@ from planner.bounds import MemoryInfeasibleError
 from planner.contract import Plan
 from planner.validator import InvalidPlanError
 from service.events import Publisher, job_message, revision_message
-from service.models import CANCELLED, CONVERGED, FAILED, SOLVING
+from service.models import CANCELLED, DONE, FAILED, SOLVING
 from service.repository import Repository
 
 log = logging.getLogger("pipeplan.worker")
@@ -49,6 +52,7 @@ def run_job(ctx: WorkerContext, key: str, run_id: str) -> str:
         remaining = max(remaining, min(settings.min_rerun_budget_s, job.budget_s))
     stop = threading.Event()
     reason: dict[str, str] = {}
+    stored: list[int] = []  # revisions this run stored: "no better plan found" is said only when empty
     started = time.monotonic()
 
     def on_improvement(plan: Plan) -> None:
@@ -61,6 +65,7 @@ def run_job(ctx: WorkerContext, key: str, run_id: str) -> str:
             log.warning("could not store an improvement for %s: %s", key[:12], exc)
             return
         if revision is not None:
+            stored.append(revision)
             ctx.publisher.publish(key, revision_message(key, revision))
 
     def heartbeat() -> None:
@@ -83,7 +88,7 @@ def run_job(ctx: WorkerContext, key: str, run_id: str) -> str:
 
     beat = threading.Thread(target=heartbeat, name=f"heartbeat-{key[:8]}", daemon=True)
     beat.start()
-    state, error = CONVERGED, None
+    state, error, result = DONE, None, None
     try:
         from planner.solver import solve
 
@@ -108,8 +113,11 @@ def run_job(ctx: WorkerContext, key: str, run_id: str) -> str:
     if why == "cancel":
         state = CANCELLED
     repo.heartbeat(key, run_id, used)
-    if repo.finish(key, run_id, state, error):
-        ctx.publisher.publish(key, job_message(key, state))
+    ended = {} if result is None else {
+        "outcome": result.outcome, "gap_pct": 100.0 * result.gap,
+        "searched_s": job.used_s + result.elapsed_s, "run_improvements": len(stored)}
+    if repo.finish(key, run_id, state, error, **ended):
+        ctx.publisher.publish(key, job_message(key, state, **ended))
     return state
 
 
