@@ -31,12 +31,12 @@ from planner.contract import Plan, Problem
 
 from . import dashboard_data as data
 from . import dashboard_views as views
+from .models import JOB_STATES
 
 PREFIX = "/dashboard"
 HERE = Path(__file__).resolve().parent
 STATIC_DIR = HERE / "static" / "dashboard"
 STATIC_FILES = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
-JOB_STATES = ("queued", "solving", "converged", "failed", "cancelled")
 PER_PAGE_CHOICES = (25, 50, 100, 200)
 ONE_F_ONE_B_BUDGET_S = 0.25  # per overview request; the rest of the page's 1F1B figures load after
 KEEPALIVE_S = 15.0
@@ -262,11 +262,12 @@ def _live_ctx(request: Request, repo, key: str, problem: Problem, plan: Plan,
         job_state, job_note = None, "no refine job"
     else:
         job_state = job.state
-        job_note = {"queued": "waiting for a worker",
-                    "solving": f"{job.used_s:.0f} of {job.budget_s:.0f} s used",
-                    "converged": f"done · {job.improvements} improvement{'s' if job.improvements != 1 else ''}",
-                    "failed": (job.error or "failed")[:80],
-                    "cancelled": "cancelled"}.get(job.state, job.state)
+        job_note = job.outcome_text or {  # a finished run's own words: "optimal (proven)", "budget spent …"
+            "queued": "waiting for a worker",
+            "solving": f"{job.used_s:.0f} of {job.budget_s:.0f} s used",
+            "done": "outcome not recorded (finished before outcomes were kept)",
+            "failed": (job.error or "failed")[:80],
+            "cancelled": "cancelled"}.get(job.state, job.state)
     metrics = {
         "makespan": views.fmt_ms(plan.makespan_ms),
         "bound": views.fmt_ms(max(plan.lower_bound_ms, plan.solver_bound_ms or 0.0)),
@@ -278,6 +279,7 @@ def _live_ctx(request: Request, repo, key: str, problem: Problem, plan: Plan,
         "peak": views.fmt_mib(peak),
         "peak_note": "no limits" if headroom is None else f"min headroom {views.fmt_mib(max(0.0, headroom))}",
         "job_state": job_state,
+        "job_outcome": job.outcome if job else None,
         "job_note": job_note,
         "ops": charts["ops"],
         "default_budget": int(_default_budget(request)),

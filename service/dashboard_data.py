@@ -200,6 +200,8 @@ class OverviewRow:
     speedup_title: str
     revision: int
     job_state: str | None
+    job_outcome: str | None  # how the last run ended (service.outcomes), for the badge's colour
+    job_outcome_text: str | None  # the same words as the API and CLI, with the gap
     status: str
     updated: str
     updated_iso: str
@@ -236,6 +238,8 @@ def overview_row(item: dict[str, Any], one: OneF1B | None, now: datetime) -> Ove
         speedup_title=title,
         revision=int(item["revision"]),
         job_state=item.get("job_state"),
+        job_outcome=item.get("job_outcome"),
+        job_outcome_text=item.get("job_outcome_text"),
         status=item.get("status") or "",
         updated=views.fmt_age(updated, now),
         updated_iso=updated.isoformat() if updated else "",

@@ -245,3 +245,31 @@ def test_plan_page_can_show_an_older_revision(dash_app):
         live = client.get(f"/dashboard/plans/{key}/live?revision=1&zoom=2")
         assert 'id="m-revision">1<' in live.text and 'data-zoom-level="2"' in live.text
         assert client.get(f"/dashboard/plans/{key}?revision=9").status_code == 404
+
+
+def test_finished_jobs_say_how_they_ended_with_the_gap(dash_app):
+    """Overview rows and the plan page print the API's and CLI's words: a spent budget or a stalled
+    search is "done" with its gap, never an unqualified "converged"."""
+    app, repo = dash_app
+    ends = {"optimal": (0.0, 3.2, 1), "budget": (4.13, 30.0, 2), "stalled": (7.44, 12.4, 0)}
+    texts = {"optimal": "optimal (proven)",
+             "budget": "budget spent after 30 s, gap 4.1% to the proven bound",
+             "stalled": "no better plan found in 12 s (gap 7.4%)"}
+    keys = {}
+    for m, (outcome, (gap, searched, found)) in enumerate(ends.items(), start=3):
+        problem = make_problem(2, m)
+        _, _, job = repo.store_first(problem, gpipe_plan(problem), 30.0)
+        repo.claim(problem.key(), job.run_id, "w")
+        assert repo.finish(problem.key(), job.run_id, "done", outcome=outcome, gap_pct=gap, searched_s=searched,
+                           run_improvements=found)
+        keys[outcome] = problem.key()
+    with TestClient(app) as client:
+        overview = client.get("/dashboard/?state=done")
+        assert overview.status_code == 200
+        assert set(re.findall(r'<tr id="row-([0-9a-f]{64})"', overview.text)) == set(keys.values())
+        assert "converged" not in overview.text
+        for outcome, key in keys.items():
+            row = client.get(f"/dashboard/rows/{key}").text
+            assert f'class="badge done {outcome}"' in row and texts[outcome] in row, row
+            live = client.get(f"/dashboard/plans/{key}/live").text
+            assert f'<div class="sub" id="job-note">{texts[outcome]}</div>' in live, live[:3000]
