@@ -193,7 +193,8 @@ def test_torch_generates_our_published_orders(p, m):
     for ours, theirs, problem in (("zb-h1", "torch-interleaved-zb", one), ("zb-v", "torch-zbv", v),
                                   ("interleaved-1f1b", "torch-interleaved-1f1b", loop),
                                   ("1f1b", "torch-1f1b", uniform(p, m, split=False))):
-        assert compute_orders(run_baseline(problem, ours)) == compute_orders(run_baseline(problem, theirs)), ours
+        mine, torch_ = run_baseline(problem, ours), run_baseline(problem, theirs)
+        assert compute_orders(mine) == compute_orders(torch_), ours
 
 
 def test_torch_one_f_one_b_off_by_one_is_named():

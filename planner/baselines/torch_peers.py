@@ -20,7 +20,15 @@ from typing import Any
 from ..contract import Problem
 from ..ops import Kind, Op
 from ..simulator import ScheduleError
-from .common import NotApplicable, Outcome, evaluate, is_loop_placement, is_v_placement, require_split, schedule_of
+from .common import (
+    NotApplicable,
+    Outcome,
+    evaluate,
+    is_loop_placement,
+    is_v_placement,
+    require_split,
+    schedule_of,
+)
 
 Orders = list[list[Op]]
 _KINDS = {"F": Kind.F, "I": Kind.B, "W": Kind.W, "B": Kind.BW}
