@@ -126,7 +126,8 @@ class Row:
         p = self.plan
         return {"name": self.name, "status": "ok", "makespan_ms": p.makespan_ms, "bubble_ratio": p.bubble_ratio,
                 "peak_memory_mib": p.peak_memory_mib, "gap": _gap(p.makespan_ms, lower_bound),
-                "seconds": round(self.seconds, 4)}
+                "offloaded_mib": p.offloaded_mib, "recompute_ms": p.recompute_ms,
+                "host_memory_mib": p.host_memory_mib, "seconds": round(self.seconds, 4)}
 
 
 def _gap(makespan: float, bound: float) -> float:
@@ -214,8 +215,19 @@ def compare_cmd(
     console.print(table)
     console.print(f"lower bound {bound:.6g} ms; min memory per device ({unit}): "
                   f"{_per_device(needed, scale, limits, width=16)}")
+    copies = [_transfers(r.name, r.plan) for r in ok if r.plan.offloaded_mib or r.plan.recompute_ms]
+    if copies:  # a line, not columns: the table is already as wide as a terminal
+        console.print("transfers per iteration: " + "; ".join(copies))
     if not ok:
         fail("no baseline produced a plan for this problem (see the reasons above)")
+
+
+def _transfers(name: str, plan: Plan) -> str:
+    """What a plan's transfers cost (docs/transfers.md): offloaded GiB, the most pinned host memory
+    on one device, recompute time."""
+    host = max(plan.host_memory_mib or [0.0])
+    return (f"{name} offloads {(plan.offloaded_mib or 0.0) / 1024:.3g} GiB (host {host / 1024:.3g} GiB),"
+            f" recomputes {plan.recompute_ms or 0.0:.4g} ms")
 
 
 def render_cmd(
