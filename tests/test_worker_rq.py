@@ -146,7 +146,7 @@ def test_sigkilled_worker_job_is_rerun_by_another_worker(deployment):
         after = repo.best(key)
         assert after.revision >= before.revision and after.makespan_ms <= before.makespan_ms  # nothing lost
         print(f"re-run started {latency:.1f}s after SIGKILL")
-        httpx.post(f"{base}/v1/plans/{key}/cancel", timeout=10)  # the re-run may also just have converged
+        httpx.post(f"{base}/v1/plans/{key}/cancel", timeout=10)  # the re-run may also just have finished
         final = wait_for(lambda: (j := repo.job(key)).state in ("cancelled", "done") and j, 15,
                          what="the end of the re-run")
         assert final.error is None and final.attempts == 2, final
