@@ -109,6 +109,8 @@ def peer_cell(problem: Problem, name: str) -> tuple[str, float | None]:
         return "n/a", None
     except DoesNotFit as exc:
         return f"needs {max(exc.needed_mib) / GIB:.1f} GiB", None
+    except Exception as exc:  # noqa: BLE001 - one peer's failure must not lose the row
+        return f"error: {type(exc).__name__}", None
     return f"{ms:,.0f}", ms
 
 
