@@ -192,6 +192,16 @@ def inline_runs(problem: Problem) -> int:
     return max(2, OPS_BUDGET // max(1, 3 * problem.num_stages * problem.num_microbatches))
 
 
+def greedy_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]) -> list[tuple]:
+    """(treatment, treat, eager, variant name, config) in the order greedy runs them: round-robin over
+    the treatments, each one's most promising variants first. Treatment-major order spent the whole
+    inline budget on the first treatment on real-model problems (Llama-2-13B on 16 GPUs at 24 GiB:
+    13 runs, all fractional, 5126 ms, where plain offload's second variant gives 4856 ms)."""
+    variants = engine_variants(problem)
+    return [(treat_name, treat, eager, name, cfg) for name, cfg in variants
+            for treat_name, treat, eager in treats]
+
+
 def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[], bool] = lambda: True,
                    skip: int = 0, tolerance: float = TIE_TOLERANCE) -> Outcome:
     """Fastest fitting variant of the memory-aware engine, else the serialized schedule; among
@@ -215,8 +225,7 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
     reducing = reducing_treatments(problem)
     plain = ("", None, False)
     treats = reducing + [plain] if reducing and not pattern_fits else [plain] + reducing
-    tries = [(treat_name, treat, eager, name, cfg) for treat_name, treat, eager in treats
-             for name, cfg in engine_variants(problem)]
+    tries = greedy_tries(problem, treats)
     budget = inline_runs(problem) if inline else len(tries)
     for runs, (treat_name, treat, eager, name, cfg) in enumerate(tries[skip:], start=skip):
         if (runs >= budget or not keep_going()) and best is not None:
