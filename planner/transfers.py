@@ -66,8 +66,11 @@ def prune(problem: Problem, schedule: Schedule, timing: Timing) -> Pruned:
     candidates = _candidates(problem, timing)
     if not candidates:
         return Pruned(schedule, timing, 0)
-    room = {d: _Room(problem, d, _device_ops(schedule.devices[d], timing), timing.choices, candidates)
-            for d in {c.device for c in candidates}}
+    by_device: dict[int, list[_Candidate]] = {}
+    for c in candidates:
+        by_device.setdefault(c.device, []).append(c)
+    room = {d: _Room(problem, d, _device_ops(schedule.devices[d], timing), timing.choices, own)
+            for d, own in by_device.items()}
     chosen = [c for c in sorted(candidates, key=lambda c: c.order) if room[c.device].take(c)]
     if not chosen:
         return Pruned(schedule, timing, 0)
@@ -175,11 +178,10 @@ class _Room:
             ticks += [_tick(t.start), _tick(t.end)]
             frees += [1, 0]
             deltas += [delta.at_start, delta.at_end]
-        for c in candidates:
-            if c.device == device:
-                ticks += [c.start, c.end]
-                frees += [1, 1]
-                deltas += [0.0, 0.0]
+        for c in candidates:  # this device's: their interval ends become points of the curve
+            ticks += [c.start, c.end]
+            frees += [1, 1]
+            deltas += [0.0, 0.0]
         tick_arr = np.array(ticks, dtype=np.int64)
         order = np.lexsort((np.array(frees), tick_arr))
         sorted_ticks = tick_arr[order]
