@@ -64,7 +64,9 @@ def problem_cmd(
 
 def baseline_cmd(
     name: Annotated[str, typer.Argument(metavar="NAME", help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, "
-                                        "zb-v, greedy, pipeoffload, adaoffload")],
+                                        "zb-v, greedy, pipeoffload, adaoffload; with the torch extra "
+                                        "also torch-1f1b, torch-interleaved-1f1b, torch-interleaved-zb, "
+                                        "torch-zbv, torch-dualpipev")],
     problem_path: ProblemArg,
     out: OutOpt = None,
 ) -> None:
@@ -193,14 +195,16 @@ def compare_cmd(
     limit_text = ("unlimited" if not finite else f"{finite[0] / scale:.1f}" if len(set(finite)) == 1
                   and len(finite) == len(limits) else _per_device(limits, scale, limits))
     console = Console(width=max(100, Console().width or 100))
+    # the limit goes in the title: the peak column is the one that folds when a terminal is narrow
     table = Table(title=f"{problem.num_devices} devices × {problem.chunks} stage(s), "
-                        f"{problem.num_microbatches} microbatches — lower bound {bound:.4g} ms",
+                        f"{problem.num_microbatches} microbatches — lower bound {bound:.4g} ms — "
+                        f"memory limit {limit_text} {'' if limit_text == 'unlimited' else unit}",
                   title_justify="left")
-    table.add_column("baseline", style="bold")
+    table.add_column("baseline", style="bold", no_wrap=True)
     table.add_column("makespan ms", justify="right")
     table.add_column("bubble", justify="right")
     table.add_column("gap to LB", justify="right")
-    table.add_column(f"peak per device ({unit}) / limit {limit_text}", overflow="fold")
+    table.add_column(f"peak per device ({unit})", overflow="fold")
     for r in ok:
         p = r.plan
         over = any(m > lim + 1e-6 for m, lim in zip(p.peak_memory_mib, limits))
