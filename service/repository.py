@@ -19,7 +19,6 @@ from sqlalchemy.orm import Session
 from planner.contract import Plan, Problem
 from planner.validator import InvalidPlanError, validate_plan
 
-from .outcomes import OPTIMAL, describe
 from .models import (
     ACTIVE_STATES,
     CANCELLED,
@@ -32,6 +31,7 @@ from .models import (
     RevisionRow,
     utcnow,
 )
+from .outcomes import OPTIMAL, describe
 
 EPS_MS = 1e-6
 # A new run starts without the previous run's verdict.

@@ -24,6 +24,7 @@ from planner.contract import Plan
 from planner.validator import InvalidPlanError
 from service.events import Publisher, job_message, revision_message
 from service.models import CANCELLED, DONE, FAILED, SOLVING
+from service.outcomes import OPTIMAL
 from service.repository import Repository
 
 log = logging.getLogger("pipeplan.worker")
@@ -113,8 +114,8 @@ def run_job(ctx: WorkerContext, key: str, run_id: str) -> str:
     if why == "cancel":
         state = CANCELLED
     repo.heartbeat(key, run_id, used)
-    ended = {} if result is None else {
-        "outcome": result.outcome, "gap_pct": 100.0 * result.gap,
+    ended = {} if result is None else {  # a proof means gap 0, not the float noise of makespan - bound
+        "outcome": result.outcome, "gap_pct": 0.0 if result.outcome == OPTIMAL else 100.0 * result.gap,
         "searched_s": job.used_s + result.elapsed_s, "run_improvements": len(stored)}
     if repo.finish(key, run_id, state, error, **ended):
         ctx.publisher.publish(key, job_message(key, state, **ended))
