@@ -136,7 +136,8 @@ def best_heuristic(problem: Problem, problem_key: str | None = None) -> Plan:
             found.append(_outcome(problem, name))
         except (NotApplicable, DoesNotFit):
             continue
-    found.sort(key=lambda o: o.makespan)
+    # fastest first; among equally fast ones the one that offloads (then recomputes) least, as better()
+    found.sort(key=lambda o: (round(o.makespan, 9), o.transfer_cost))
     for outcome in found:
         try:
             return outcome.plan(key)
