@@ -80,7 +80,7 @@ def rows() -> list[list[str]]:
 
 
 HEADER = ["case", "1F1B ref/ours", "ZB-H1 ref/ours", "ZB auto @1p ref / best", "ZB auto @P/2 ref / best",
-          "@P/2 + offload (link = F) best", "ZB-V @1p ref/ours", "ZB-V no limit (peak 1p + ½)", "V-auto @P/2 ref / best", "lower bound",
+          "@P/2 + offload (link = F) best", "ZB-V @1p ref/ours", "ZB-V no limit (peak 1p)", "V-auto @P/2 ref / best", "lower bound",
           "time s"]
 
 
