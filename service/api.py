@@ -13,7 +13,7 @@ import re
 import time
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.concurrency import run_in_threadpool
@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from planner.bounds import MemoryInfeasibleError
 from planner.contract import Problem, error_messages
 
+from .errors import ApiError
 from .events import job_message, revision_message
 from .models import CANCELLED, JOB_STATES, QUEUED
 from .outcomes import OUTCOMES
@@ -33,15 +34,6 @@ log = logging.getLogger("pipeplan.api")
 KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 
 router = APIRouter(prefix="/v1", tags=["plans"])
-
-
-class ApiError(HTTPException):
-    """An error with a stable machine code and a sentence for people."""
-
-    def __init__(self, status: int, code: str, message: str, extra: dict[str, Any] | None = None,
-                 headers: dict[str, str] | None = None):
-        super().__init__(status, message, headers=headers)
-        self.code, self.extra = code, extra or {}
 
 
 def state_of(request: Request) -> ServiceState:

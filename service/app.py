@@ -73,7 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(api.ApiError)
     async def _api_error(request: Request, exc: api.ApiError):
-        return JSONResponse({"error": exc.code, "message": exc.detail, **exc.extra}, exc.status_code,
+        return JSONResponse(exc.body(), exc.status_code,
                             headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
