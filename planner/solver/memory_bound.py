@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from ..bounds import backward_tail, first_backward_start, forward_head
 from ..contract import Problem
+from .occupancy_bound import occupancy_lower_bound
 
 
 def _knapsack(capacity: float, items: list[tuple[float, float, float]]) -> float:
@@ -39,8 +40,8 @@ def _knapsack(capacity: float, items: list[tuple[float, float, float]]) -> float
     return value
 
 
-def memory_lower_bound(problem: Problem) -> float:
-    """A proven lower bound (ms), 0.0 when the argument does not apply."""
+def _count_bound(problem: Problem) -> float:
+    """The forward-count arguments (head, drain, tail) of the module docstring."""
     m = problem.num_microbatches
     opts = problem.options
     split = problem.options.split_backward
@@ -130,6 +131,12 @@ def _tail_bound(problem: Problem, stages: list[int], cap: float, work: float, t_
     last_b_end = max(head + work - after, t_known + work - after - min(t_known, busy_before))
     chain = min(backward_tail(problem, k) for k in stages) + problem.stages[0].backward_weight_ms
     return last_b_end + chain
+
+
+def memory_lower_bound(problem: Problem) -> float:
+    """A proven lower bound (ms), 0.0 when no argument applies: the forward-count arguments above
+    and the memory-occupancy one (occupancy_bound.py), whichever is stronger."""
+    return max(_count_bound(problem), occupancy_lower_bound(problem))
 
 
 def combined_lower_bound(problem: Problem) -> float:
