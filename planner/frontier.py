@@ -1,0 +1,465 @@
+"""The time-memory frontier of a configuration: the fastest plan at every per-device memory budget.
+
+Budgets scale every device's free memory (limit - static) by one factor f, so uneven devices keep
+their ratios. The frontier runs from the least f at which any schedule fits (planner.bounds.min_memory)
+to the least f at which the unlimited-memory optimum fits. Each point is a validated plan for its own
+problem (its own key) with its proven bound. Why the construction is monotone: a plan that fits a
+smaller budget fits every larger one, so every point is offered the plans of all smaller points (and
+of every peer that fits) and keeps the fastest; bounds go the other way (a bound at a larger budget
+holds at every smaller one). Peers (the published schedules, torch's generators) sit at their own peak
+memory; a point is placed at each peer's budget, so the frontier dominates them by construction.
+
+Pure: no I/O; progress goes to a callback. The solver is injected (`solve_fn`) so the service can
+choose points with the cheap heuristic and leave the solving to its workers.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .bounds import lower_bound, min_memory
+from .contract import Plan, Problem
+from .simulator import build_plan, schedule_from_plan, simulate
+from .validator import assert_valid, validate_plan
+
+FRONTIER_FORMAT = "pipeplan.frontier/v1"
+EPS_MS = 1e-6
+# The published schedules and torch's generators (when torch is installed): what users compare with.
+PEER_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "pipeoffload",
+              "torch-1f1b", "torch-interleaved-1f1b", "torch-interleaved-zb", "torch-zbv", "torch-dualpipev")
+# PipeOffload adapts its offloads to the limit: besides its unlimited point it is run at these shares
+# of the frontier's range, so its memory-saving points are on the picture too.
+ADAPTIVE_PEERS = ("pipeoffload",)
+ADAPTIVE_PEER_SHARES = (0.0, 0.25, 0.5)
+SAME_FACTOR = 1e-3  # factors closer than this share of the range are one point
+Progress = Callable[[dict[str, Any]], None]
+
+
+# -- budgets ------------------------------------------------------------------------------------------
+def unlimited(problem: Problem) -> Problem:
+    """The same problem with every memory limit lifted."""
+    return problem.model_copy(update={"devices": [d.model_copy(update={"memory_limit_mib": None})
+                                                  for d in problem.devices]})
+
+
+def free_memory(problem: Problem, peak_mib: list[float] | None = None) -> list[float]:
+    """Each device's free memory, the unit a budget factor scales: limit - static, or (when some
+    limit is missing or at or below static) the given unlimited plan's peak - static."""
+    statics = [d.static_mib for d in problem.devices]
+    limits = [problem.limit_of(d) for d in range(problem.num_devices)]
+    if all(math.isfinite(lim) and lim > s for lim, s in zip(limits, statics)):
+        return [lim - s for lim, s in zip(limits, statics)]
+    if peak_mib is None:
+        raise ValueError("the problem has no finite memory limit on some device: give the unlimited peak")
+    return [max(p - s, 1.0) for p, s in zip(peak_mib, statics)]
+
+
+def factor_of(problem: Problem, free: list[float], peak_mib: list[float]) -> float:
+    """The least factor at which a plan with these per-device peaks fits (rounded up a hair, so the
+    limits it gives are never below the peaks by float noise)."""
+    f = max((p - d.static_mib) / fr for p, d, fr in zip(peak_mib, problem.devices, free))
+    return max(0.0, f) * (1 + 1e-9) + 1e-12
+
+
+def limits_at(problem: Problem, free: list[float], factor: float) -> list[float]:
+    return [d.static_mib + factor * fr for d, fr in zip(problem.devices, free)]
+
+
+def scaled(problem: Problem, free: list[float], factor: float) -> Problem:
+    """The problem with every device's limit at static + factor x free."""
+    return problem.model_copy(update={"devices": [
+        d.model_copy(update={"memory_limit_mib": lim})
+        for d, lim in zip(problem.devices, limits_at(problem, free, factor))]})
+
+
+def rekey(problem: Problem, plan: Plan, key: str | None = None) -> Plan | None:
+    """`plan` as a plan of `problem` (same ops, its key), or None when it does not fit there."""
+    key = key or problem.key()
+    candidate = plan.model_copy(update={"problem_key": key, "revision": 1, "status": "feasible",
+                                        "solver_bound_ms": None})
+    if not validate_plan(problem, candidate, key):
+        return candidate
+    try:
+        schedule = schedule_from_plan(plan)
+        timed = build_plan(problem, schedule, simulate(problem, schedule), plan.method, key)
+    except Exception:  # noqa: BLE001 - orders that do not apply here simply do not fit
+        return None
+    return timed if not validate_plan(problem, timed, key) else None
+
+
+# -- the points ---------------------------------------------------------------------------------------
+@dataclass
+class PeerPoint:
+    """A peer schedule at its own peak memory."""
+
+    name: str
+    method: str
+    peak_mib: list[float]
+    makespan_ms: float
+    factor: float
+    plan: Plan | None = field(default=None, repr=False)
+
+    @property
+    def budget_mib(self) -> float:
+        return max(self.peak_mib)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "method": self.method, "peak_mib": self.peak_mib,
+                "budget_mib": self.budget_mib, "makespan_ms": self.makespan_ms, "factor": self.factor}
+
+
+@dataclass
+class FrontierPoint:
+    """One budget: its limits, its best validated plan and the proven bound there."""
+
+    factor: float
+    limits_mib: list[float]
+    key: str
+    plan: Plan
+    bound_ms: float
+    source: str = "solver"  # where the plan came from: solver | point f=… | peer NAME | unlimited
+    outcome: str = ""
+    solve_s: float = 0.0
+    problem: Problem | None = field(default=None, repr=False)
+
+    @property
+    def makespan_ms(self) -> float:
+        return self.plan.makespan_ms
+
+    @property
+    def budget_mib(self) -> float:
+        """The per-GPU memory this point needs: its largest device limit."""
+        return max(self.limits_mib)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"factor": self.factor, "limits_mib": self.limits_mib, "budget_mib": self.budget_mib,
+                "makespan_ms": self.makespan_ms, "bound_ms": self.bound_ms, "problem_key": self.key,
+                "status": "optimal" if self.makespan_ms <= self.bound_ms + EPS_MS else "feasible",
+                "peak_mib": self.plan.peak_memory_mib, "method": self.plan.method, "source": self.source,
+                "outcome": self.outcome, "solve_s": round(self.solve_s, 3)}
+
+
+@dataclass
+class Frontier:
+    base_key: str
+    free_mib: list[float]
+    static_mib: list[float]
+    factor_min: float
+    factor_max: float
+    points: list[FrontierPoint]
+    peers: list[PeerPoint]
+    unlimited_makespan_ms: float
+    elapsed_s: float = 0.0
+
+    def at(self, factor: float) -> FrontierPoint | None:
+        """The frontier's plan at budget factor `factor`: the largest point at or below it."""
+        below = [p for p in self.points if p.factor <= factor * (1 + 1e-9) + 1e-12]
+        return max(below, key=lambda p: p.factor) if below else None
+
+    def least_memory(self, target_ms: float) -> FrontierPoint | None:
+        """The smallest budget whose plan runs in at most `target_ms`."""
+        return next((p for p in self.points if p.makespan_ms <= target_ms + EPS_MS), None)
+
+    def fastest(self, budget_mib: float) -> FrontierPoint | None:
+        """The fastest plan whose every device limit is at most `budget_mib`."""
+        fits = [p for p in self.points if p.budget_mib <= budget_mib + 1e-6]
+        return min(fits, key=lambda p: (p.makespan_ms, p.factor)) if fits else None
+
+    def dominance(self) -> list[dict[str, Any]]:
+        """Per peer: the frontier's makespan at the peer's memory and the margin in % of the peer's."""
+        out = []
+        for peer in self.peers:
+            point = self.at(peer.factor)
+            ms = None if point is None else point.makespan_ms
+            out.append({"peer": peer.name, "peer_ms": peer.makespan_ms, "budget_mib": peer.budget_mib,
+                        "frontier_ms": ms, "dominated": ms is not None and ms <= peer.makespan_ms + EPS_MS,
+                        "margin_pct": None if ms is None else 100.0 * (peer.makespan_ms - ms) / peer.makespan_ms})
+        return out
+
+    def to_document(self) -> dict[str, Any]:
+        return frontier_document(self.base_key, self.free_mib, self.static_mib, self.factor_min,
+                                 self.factor_max, [p.to_dict() for p in self.points],
+                                 [p.to_dict() for p in self.peers], self.unlimited_makespan_ms,
+                                 {"elapsed_s": round(self.elapsed_s, 3)})
+
+
+def frontier_document(base_key: str, free: list[float], static: list[float], f_min: float, f_max: float,
+                      points: list[dict[str, Any]], peers: list[dict[str, Any]], unlimited_ms: float,
+                      extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `pipeplan.frontier/v1` document (docs/frontier.md), shared by the CLI and the service."""
+    view = Frontier(base_key, free, static, f_min, f_max, [], [], unlimited_ms)
+    view.points = [_Row(p) for p in points]  # type: ignore[list-item]
+    view.peers = [_Row(p) for p in peers]  # type: ignore[list-item]
+    return {"format": FRONTIER_FORMAT, "problem_key": base_key, "free_mib": free, "static_mib": static,
+            "factor_min": f_min, "factor_max": f_max, "unlimited_makespan_ms": unlimited_ms,
+            "points": points, "peers": peers, "dominance": view.dominance(), **(extra or {})}
+
+
+class _Row:
+    """A point or peer dict seen through FrontierPoint's/PeerPoint's attributes (for the queries)."""
+
+    def __init__(self, doc: dict[str, Any]):
+        self.doc = doc
+        self.name = doc.get("name", "")
+        self.factor = doc["factor"]
+        self.makespan_ms = doc["makespan_ms"]
+        self.budget_mib = doc["budget_mib"]
+
+
+def view_of(doc: dict[str, Any]) -> Frontier:
+    """A frontier document as a Frontier whose points/peers answer at/least_memory/fastest (dicts
+    inside `.doc`)."""
+    view = Frontier(doc["problem_key"], doc["free_mib"], doc["static_mib"], doc["factor_min"],
+                    doc["factor_max"], [], [], doc["unlimited_makespan_ms"])
+    view.points = sorted((_Row(p) for p in doc["points"]), key=lambda r: r.factor)  # type: ignore[misc]
+    view.peers = [_Row(p) for p in doc["peers"]]  # type: ignore[misc]
+    return view
+
+
+def monotone(makespans: list[float], bounds: list[float]) -> tuple[list[float], list[float]]:
+    """Makespans non-increasing with the budget (a smaller budget's plan fits a larger one) and bounds
+    non-increasing too (a bound at a larger budget holds at a smaller one); lists sorted by factor."""
+    ms = list(makespans)
+    for i in range(1, len(ms)):
+        ms[i] = min(ms[i], ms[i - 1])
+    bd = list(bounds)
+    for i in range(len(bd) - 2, -1, -1):
+        bd[i] = max(bd[i], bd[i + 1])
+    return ms, [min(b, m) for b, m in zip(bd, ms)]
+
+
+# -- peers and the budget range ------------------------------------------------------------------------
+def peer_points(problem: Problem, names: tuple[str, ...] = PEER_NAMES) -> list[PeerPoint]:
+    """Every applicable peer's plan on the problem without memory limits (factor not yet known: 0)."""
+    from .baselines import NAMES, DoesNotFit, NotApplicable, run_baseline
+
+    free_problem = unlimited(problem)
+    key = free_problem.key()
+    out = []
+    for name in names:
+        if name not in NAMES:
+            continue
+        try:
+            plan = run_baseline(free_problem, name, key)
+        except (NotApplicable, DoesNotFit):
+            continue
+        out.append(PeerPoint(name, plan.method, list(plan.peak_memory_mib), plan.makespan_ms, 0.0, plan))
+    return out
+
+
+def adaptive_peer_points(problem: Problem, free: list[float], factors: list[float],
+                         known: list[PeerPoint] | None = None) -> list[PeerPoint]:
+    """Limit-adaptive peers (PipeOffload) run at the given budgets, one point per distinct peak."""
+    from .baselines import DoesNotFit, NotApplicable, run_baseline
+
+    out: list[PeerPoint] = []
+    seen = list(known or [])
+    for name in ADAPTIVE_PEERS:
+        for f in factors:
+            sub = scaled(problem, free, f)
+            try:
+                plan = run_baseline(sub, name, sub.key())
+            except (NotApplicable, DoesNotFit, ValueError):
+                continue
+            if any(abs(max(p.peak_mib) - max(plan.peak_memory_mib)) < 1.0 and p.name == name
+                   for p in out + seen):
+                continue
+            out.append(PeerPoint(name, plan.method, list(plan.peak_memory_mib), plan.makespan_ms,
+                                 factor_of(problem, free, plan.peak_memory_mib), plan))
+    return out
+
+
+@dataclass
+class Setup:
+    """Everything fixed before any point is solved: budget unit, range, peers, the top plan."""
+
+    free: list[float]
+    factor_min: float
+    factor_max: float
+    peers: list[PeerPoint]
+    top: Plan  # the unlimited-memory plan the range ends at (a plan of the unlimited problem)
+    top_bound_ms: float
+
+
+def setup(problem: Problem, top: Plan, top_bound_ms: float, peers: list[PeerPoint]) -> Setup:
+    """Fix the budget unit and range from the unlimited plan and the peers, and place the peers."""
+    candidates = [top] + [p.plan for p in peers if p.plan is not None]
+    best_ms = min(c.makespan_ms for c in candidates)
+    free = free_memory(problem, top.peak_memory_mib)
+    fastest = [c for c in candidates if c.makespan_ms <= best_ms + EPS_MS]
+    top = min(fastest, key=lambda c: factor_of(problem, free, c.peak_memory_mib))
+    f_min = factor_of(problem, free, min_memory(problem))
+    f_max = max(f_min, factor_of(problem, free, top.peak_memory_mib))
+    for p in peers:
+        p.factor = factor_of(problem, free, p.peak_mib)
+    peers += adaptive_peer_points(problem, free, [f_min + s * (f_max - f_min) for s in ADAPTIVE_PEER_SHARES], peers)
+    return Setup(free, f_min, f_max, peers, top, min(top_bound_ms, top.makespan_ms))
+
+
+def initial_factors(s: Setup, points: int) -> list[float]:
+    """The two ends and each peer's budget inside the range (as many as fit in `points`, spread)."""
+    span = max(s.factor_max - s.factor_min, 1e-12)
+    chosen = [s.factor_min, s.factor_max]
+    inside = sorted({p.factor for p in s.peers if s.factor_min < p.factor < s.factor_max})
+    distinct: list[float] = []
+    for f in inside:
+        if all(abs(f - g) > SAME_FACTOR * span for g in chosen + distinct):
+            distinct.append(f)
+    room = max(0, points - 2)
+    if len(distinct) > room:
+        step = len(distinct) / room if room else 0
+        distinct = [distinct[int(i * step)] for i in range(room)]
+    return sorted(chosen + distinct)[:max(points, 1)]
+
+
+def next_factor(solved: list[tuple[float, float]], s: Setup) -> float | None:
+    """Where the curve bends most: the midpoint of the step (between neighbouring solved points) with
+    the largest area between the step and its chord, in range-normalized units; None when every
+    interval is too narrow to split."""
+    pts = sorted(solved)
+    span_f = max(s.factor_max - s.factor_min, 1e-12)
+    ms = [m for _, m in pts]
+    span_m = max(max(ms) - min(ms), 1e-9)
+    best, where = -1.0, None
+    for (f0, m0), (f1, m1) in zip(pts, pts[1:]):
+        width = (f1 - f0) / span_f
+        if width <= 2 * SAME_FACTOR:
+            continue
+        score = width * (max(0.0, m0 - m1) / span_m) + 1e-6 * width  # flat steps: widest first
+        if score > best:
+            best, where = score, (f0 + f1) / 2
+    return where
+
+
+def choose_factors(s: Setup, points: int, probe: Callable[[float], float]) -> list[float]:
+    """All `points` factors, the adaptive ones placed with `probe(factor) -> makespan` (the service
+    probes with the best heuristic; compute_frontier solves)."""
+    factors = initial_factors(s, points)
+    solved = [(f, probe(f)) for f in factors]
+    while len(solved) < points:
+        f = next_factor(solved, s)
+        if f is None:
+            break
+        solved.append((f, probe(f)))
+    return sorted(f for f, _ in solved)
+
+
+# -- the whole computation -----------------------------------------------------------------------------
+SolveFn = Callable[..., Any]
+
+
+def _default_solve() -> SolveFn:
+    from .solver import solve
+
+    return solve
+
+
+def compute_frontier(problem: Problem, points: int = 12, time_limit_s: float = 10.0,
+                     on_progress: Progress | None = None, stop: threading.Event | None = None,
+                     solve_fn: SolveFn | None = None, peers: list[PeerPoint] | None = None,
+                     workers: int | None = None) -> Frontier:
+    """The frontier with `points` points, each solved for `time_limit_s` (plus one unlimited solve).
+
+    Raises ValueError for points < 2. Every point's plan is validated against its own problem.
+    """
+    if points < 2:
+        raise ValueError(f"points: {points} is too few; a frontier needs at least 2 (its two ends)")
+    solve = solve_fn or _default_solve()
+    report = on_progress or (lambda _e: None)
+    started = time.monotonic()
+    base_key = problem.key()
+    peers = peer_points(problem) if peers is None else peers
+    report({"event": "peers", "peers": [p.to_dict() for p in peers]})
+    free_problem = unlimited(problem)
+    free_key = free_problem.key()
+    hint = min((p.plan for p in peers if p.plan is not None), key=lambda p: p.makespan_ms, default=None)
+    kw = {} if workers is None else {"workers": workers}
+    top = solve(free_problem, time_limit_s=time_limit_s, stop=stop, hint=hint, problem_key=free_key, **kw)
+    top_bound = max(top.lower_bound_ms, top.solver_bound_ms or 0.0)
+    s = setup(problem, top.plan, top_bound, peers)
+    report({"event": "range", "factor_min": s.factor_min, "factor_max": s.factor_max,
+            "unlimited_makespan_ms": s.top.makespan_ms, "unlimited_s": round(top.elapsed_s, 2)})
+
+    done: dict[float, FrontierPoint] = {}
+
+    def candidates_for(f: float) -> list[tuple[str, Plan]]:
+        out = [(f"point f={g:.4f}", p.plan) for g, p in done.items() if g < f]
+        out += [(f"peer {p.name}", p.plan) for p in s.peers if p.plan is not None and p.factor <= f]
+        if f >= s.factor_max:
+            out.append(("unlimited", s.top))
+        return out
+
+    def best_fit(sub: Problem, key: str, f: float) -> tuple[str, Plan] | None:
+        fits = [(src, r) for src, plan in sorted(candidates_for(f), key=lambda c: c[1].makespan_ms)
+                if (r := rekey(sub, plan, key)) is not None]
+        return min(fits, key=lambda c: c[1].makespan_ms) if fits else None
+
+    def run_point(f: float) -> float:
+        sub = scaled(problem, s.free, f)
+        key = sub.key()
+        prior = best_fit(sub, key, f)
+        t0 = time.monotonic()
+        from .solver.memory_bound import memory_lower_bound
+
+        bound = max(lower_bound(sub), memory_lower_bound(sub), s.top_bound_ms if f >= s.factor_max else 0.0)
+        stopped = stop is not None and stop.is_set()
+        if prior is not None and (prior[1].makespan_ms <= bound + EPS_MS or stopped):
+            plan, source = prior[1], prior[0]  # proven already (or stopped): no solve needed
+            outcome = "stopped" if stopped and prior[1].makespan_ms > bound + EPS_MS else "optimal"
+        else:
+            index = len(done)
+
+            def improved(plan: Plan) -> None:
+                report({"event": "improvement", "index": index, "factor": f, "makespan_ms": plan.makespan_ms})
+
+            res = solve(sub, time_limit_s=time_limit_s, on_improvement=improved, stop=stop,
+                        hint=None if prior is None else prior[1], problem_key=key, **kw)
+            plan, source, outcome = res.plan, "solver", res.outcome
+            bound = max(bound, res.lower_bound_ms, res.solver_bound_ms or 0.0)
+            if prior is not None and prior[1].makespan_ms < plan.makespan_ms - EPS_MS:
+                plan, source = prior[1], prior[0]
+        point = FrontierPoint(f, limits_at(problem, s.free, f), key, plan, bound, source, outcome,
+                              time.monotonic() - t0, sub)
+        done[f] = point
+        report({"event": "point", "index": len(done) - 1, **point.to_dict()})
+        return plan.makespan_ms
+
+    factors = initial_factors(s, points)
+    for f in factors:
+        run_point(f)
+    while len(done) < points and not (stop is not None and stop.is_set()):
+        f = next_factor([(g, p.makespan_ms) for g, p in done.items()], s)
+        if f is None:
+            break
+        run_point(f)
+    result = finish(problem, s, done)
+    result.elapsed_s = time.monotonic() - started
+    return result
+
+
+def finish(problem: Problem, s: Setup, done: dict[float, FrontierPoint]) -> Frontier:
+    """Enforce monotonicity (a smaller point's plan re-keyed into a larger one when it is faster),
+    tighten the bounds, set each plan's status, and validate every plan against its own problem."""
+    pts = [done[f] for f in sorted(done)]
+    for i, p in enumerate(pts):
+        sub = p.problem or scaled(problem, s.free, p.factor)
+        for q in pts[:i]:
+            if q.plan.makespan_ms < p.plan.makespan_ms - EPS_MS:
+                moved = rekey(sub, q.plan, p.key)
+                if moved is not None and moved.makespan_ms < p.plan.makespan_ms - EPS_MS:
+                    p.plan, p.source = moved, f"point f={q.factor:.4f}"
+    _, bounds = monotone([p.makespan_ms for p in pts], [p.bound_ms for p in pts])
+    for p, b in zip(pts, bounds):
+        p.bound_ms = b
+        optimal = p.makespan_ms <= b + EPS_MS
+        extra = b if b > p.plan.lower_bound_ms + EPS_MS else p.plan.solver_bound_ms
+        p.plan = p.plan.model_copy(update={"status": "optimal" if optimal else "feasible",
+                                           "solver_bound_ms": extra})
+        assert_valid(p.problem or scaled(problem, s.free, p.factor), p.plan, p.key)
+    return Frontier(problem.key(), s.free, [d.static_mib for d in problem.devices], s.factor_min,
+                    s.factor_max, pts, s.peers, s.top.makespan_ms)
