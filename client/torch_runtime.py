@@ -1,4 +1,4 @@
-"""Run a pipeplan plan in `torch.distributed.pipelining` (needs the `torch` extra).
+"""Run a pipeplan plan in `torch.distributed.pipelining` (needs the `torch` extra), as planned.
 
 The compute order goes through torch's own loader: `planner.exports.torch_csv` ->
 `_PipelineScheduleRuntime._load_csv(path, "compute_only")`, which lowers it to send/recv actions and
@@ -9,41 +9,58 @@ runtime's compute actions, at the places the plan puts them on this rank:
 
 - OFFLOAD(k, i): F(k, i) runs under saved-tensor hooks that hand autograd a handle instead of each
   activation it saves (parameters and stage inputs, which stay resident anyway, are not touched);
-  right after F the handles copy their tensors to host memory and drop the device copies.
-- RELOAD(k, i): issued before the compute op that was running when the plan starts the reload (as
-  `planner.simulator.schedule_from_plan` gates it), copying the tensors back before B(k, i) needs them.
+  right after F the offload is handed to the device->host copy lane, which copies the tensors to
+  host memory and drops the device copies while compute goes on.
+- RELOAD(k, i): handed to the host->device copy lane when the compute op that was running when the
+  plan starts the reload begins (as `planner.simulator.schedule_from_plan` gates it); it waits for
+  its own OFFLOAD to end. B(k, i) (or BW) waits for RELOAD(k, i) and for nothing else on the lanes.
 - RECOMPUTE(k, i): F(k, i) keeps only the stage's inputs (the checkpoint); every activation autograd
   would save is dropped. At the RECOMPUTE's place in the compute order the stage's forward is re-run
   on the same inputs with the same RNG state, and the activations it saves are given to autograd in
   the same order (the mechanism of torch's non-reentrant checkpoint, but run where the plan says and
   kept until W, which torch's split backward needs after I).
 
-Should the runtime need an activation before its planned reload/recompute ran (a plan/runtime
+Copy lanes (`client.copy_lanes`) run the copies in the plan's order per lane, beside compute:
+on CUDA, a dedicated stream per lane, pinned host buffers, and events (the d2h stream waits for the
+F's end, the h2d stream for the offload's end and the anchor op's start, the compute stream for the
+reload's end before the backward); on CPU, a worker thread per lane with the same ordering and waits.
+
+Should the runtime need an activation before its planned reload/recompute was issued (a plan/runtime
 mismatch), it is reloaded/recomputed on demand and counted in `stats.late`, so training stays correct
 and the mismatch is visible.
 
-On CPU the host copies are real copies, so the mechanism and its correctness are the same as on GPU;
-on CUDA the host buffers are pinned. Copies are synchronous (the lanes of the plan are not overlapped
-with compute here).
+With `trace=True` every op's measured start and end (and the pipeline's sends/receives and memory
+high-water marks, `client.tracing`) is recorded; `PlannedSchedule.collect_trace()` gathers a
+`pipeplan.trace/v1` document on rank 0. With an `Emulation` (`client.emulation`, CPU only) ops take
+the durations a problem gives them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+import threading
+import time
 import weakref
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.pipelining import schedules as _schedules
 from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
 from planner.contract import Plan, Problem
 from planner.exports import torch_csv
 from planner.ops import Kind
+from planner.trace import Trace
+
+from .copy_lanes import CopyJob, OrderedLane
+from .emulation import Emulation
+from .tracing import OpRecorder, assemble_trace
 
 TORCH_KINDS = (Kind.F, Kind.B, Kind.W, Kind.BW)
 
@@ -77,42 +94,65 @@ def _load_csv_text(runtime: _PipelineScheduleRuntime, csv_text: str) -> None:
 
 
 # -- per-(stage, microbatch) saved state ------------------------------------------------------------
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
 class _Offloaded:
     """A saved activation that can live on the device or on the host."""
 
-    __slots__ = ("dev", "device", "host")
+    __slots__ = ("dev", "device", "host", "nbytes")
 
     def __init__(self, tensor: torch.Tensor):
         self.dev: torch.Tensor | None = tensor
         self.host: torch.Tensor | None = None
         self.device = tensor.device
+        self.nbytes = _nbytes(tensor)
 
-    def to_host(self) -> int:
+    def to_host(self, stream: Any = None) -> int:
+        """Copy to host and drop the device copy; on CUDA asynchronously on `stream` (pinned buffer)."""
         if self.dev is None:
             return 0
-        pin = self.dev.is_cuda
-        self.host = torch.empty(self.dev.size(), dtype=self.dev.dtype, layout=self.dev.layout,
-                                device="cpu", pin_memory=pin).copy_(self.dev)
-        nbytes = self.dev.numel() * self.dev.element_size()
+        dev = self.dev
+        if dev.is_cuda:  # CUDA only: pinned buffer, non-blocking copy on the d2h stream
+            self.host = torch.empty(dev.size(), dtype=dev.dtype, layout=dev.layout, device="cpu", pin_memory=True)
+            with torch.cuda.stream(stream):
+                self.host.copy_(dev, non_blocking=True)
+            dev.record_stream(stream)  # the allocator keeps the block until the copy has read it
+        else:
+            self.host = torch.empty(dev.size(), dtype=dev.dtype, layout=dev.layout, device="cpu").copy_(dev)
         self.dev = None
-        return nbytes
+        return self.nbytes
 
-    def to_device(self) -> None:
-        if self.dev is None and self.host is not None:
+    def to_device(self, stream: Any = None, consumer: Any = None) -> int:
+        """Copy back; on CUDA on `stream`, the result marked as used by the `consumer` stream."""
+        if self.dev is not None or self.host is None:
+            return 0
+        if self.device.type == "cuda":  # CUDA only
+            with torch.cuda.stream(stream):
+                dev = torch.empty(self.host.size(), dtype=self.host.dtype, layout=self.host.layout,
+                                  device=self.device)
+                dev.copy_(self.host, non_blocking=True)
+            dev.record_stream(consumer)
+            self.dev = dev
+        else:
             self.dev = self.host.to(self.device, copy=True)
-            self.host = None
+        self.host = None
+        return self.nbytes
 
 
 @dataclass
 class _Record:
-    mode: str  # "offload" | "recompute"
+    mode: str  # "plain" | "offload" | "recompute"
     handles: dict[int, _Offloaded] = field(default_factory=dict)  # offload: id(tensor) -> handle
     inputs: tuple[tuple, dict] | None = None  # recompute: the stage's forward inputs (the checkpoint)
     rng: Any = None
     packed: int = 0  # recompute: how many tensors autograd asked to save
     saved: list[torch.Tensor] | None = None  # recompute: the recomputed activations, in pack order
-    offloaded: bool = False
-    reloaded: bool = False
+    counted: set[int] = field(default_factory=set)  # plain: ids of the saved tensors counted
+    resident: int = 0  # bytes of saved activations on the device now (the memory trace counts them)
+    offload_done: Any = None  # CUDA: event on the d2h stream
+    reload_done: Any = None  # CUDA: event on the h2d stream
 
 
 @dataclass
@@ -124,7 +164,7 @@ class ExecutorStats:
     reloads: set[tuple[int, int]] = field(default_factory=set)
     recomputes: set[tuple[int, int]] = field(default_factory=set)
     late: list[str] = field(default_factory=list)
-    log: list[str] = field(default_factory=list)  # executed ops in order, e.g. "F(0,3)", "OFFLOAD(0,3)"
+    log: list[str] = field(default_factory=list)  # issued ops in order, e.g. "F(0,3)", "OFFLOAD(0,3)"
 
     def reset(self) -> None:
         self.offloaded_bytes.clear()
@@ -181,11 +221,20 @@ def side_op_positions(plan: Plan, rank: int) -> tuple[list[tuple[Kind, int, int]
 
 
 class PlanExecutor:
-    """Carries out one rank's OFFLOAD/RELOAD/RECOMPUTE around torch's compute actions."""
+    """Carries out one rank's OFFLOAD/RELOAD/RECOMPUTE around torch's compute actions.
 
-    def __init__(self, stages: list, rank: int):
+    `emulation` (CPU only) pads every op to the duration it gives; `trace` records every op's
+    measured start, end and memory (see `client.tracing`).
+    """
+
+    def __init__(self, stages: list, rank: int, *, emulation: Emulation | None = None, trace: bool = False):
         self.rank = rank
         self.stages = {s.stage_index: s for s in stages}
+        self.device = torch.device(getattr(stages[0], "device", "cpu"))
+        self.cuda = self.device.type == "cuda"
+        if emulation is not None and self.cuda:
+            raise ValueError("emulated time runs on CPU stages only; on CUDA the real kernels take their time")
+        self.emulation = emulation
         self.stats = ExecutorStats()
         self._records: dict[tuple[int, int], _Record] = {}
         self._recording: _Record | None = None
@@ -193,6 +242,17 @@ class PlanExecutor:
         self._recompute: set[tuple[int, int]] = set()
         self._before: dict[tuple, list] = {}
         self._after: dict[tuple, list] = {}
+        self._d2h_order: list[tuple[int, int]] = []
+        self._h2d_order: list[tuple[int, int]] = []
+        self._held = 0
+        self._held_lock = threading.Lock()
+        # CPU: a worker thread per lane; CUDA: issued from this thread onto a stream per lane
+        self.d2h = OrderedLane("d2h", threaded=not self.cuda)
+        self.h2d = OrderedLane("h2d", threaded=not self.cuda)
+        self._streams: dict[str, Any] = {}
+        if self.cuda:  # CUDA only: dedicated copy streams
+            self._streams = {"d2h": torch.cuda.Stream(self.device), "h2d": torch.cuda.Stream(self.device)}
+        self.recorder = OpRecorder(self.device, self.held_bytes) if trace else None
         for stage in stages:
             self._wrap(stage)
 
@@ -203,11 +263,38 @@ class PlanExecutor:
             raise RuntimeError(f"rank {self.rank}: cannot change plans mid-iteration"
                                f" ({len(self._records)} activations still held)")
         _, self._before, self._after = side_op_positions(plan, self.rank)
-        mine = {k for k in self.stages}
+        mine = set(self.stages)
         dp = next(d for d in plan.devices if d.device == self.rank)
+        ordered = sorted(dp.ops, key=lambda p: p.start_ms)
         self._offload = {(p.stage, p.mb) for p in dp.ops if p.kind == Kind.OFFLOAD.value and p.stage in mine}
         self._recompute = {(p.stage, p.mb) for p in dp.ops if p.kind == Kind.RECOMPUTE.value
                            and p.stage in mine}
+        self._d2h_order = [(p.stage, p.mb) for p in ordered if p.kind == Kind.OFFLOAD.value]
+        self._h2d_order = [(p.stage, p.mb) for p in ordered if p.kind == Kind.RELOAD.value]
+
+    def begin_iteration(self) -> None:
+        self.d2h.set_order(self._d2h_order)
+        self.h2d.set_order(self._h2d_order)
+        if self.recorder is not None:
+            self.recorder.begin_iteration()
+
+    def end_iteration(self) -> None:
+        """Wait for the copy lanes (every copy of the iteration has been issued by now)."""
+        self.d2h.drain()
+        self.h2d.drain()
+
+    def close(self) -> None:
+        self.d2h.close()
+        self.h2d.close()
+
+    def held_bytes(self) -> int:
+        """Saved-activation bytes the hooks hold on the device now (CPU memory trace)."""
+        return self._held
+
+    def _hold(self, record: _Record, delta: int) -> None:
+        with self._held_lock:
+            record.resident += delta
+            self._held += delta
 
     # -- wrapping torch's stage methods --------------------------------------------------------------
     def _wrap(self, stage) -> None:
@@ -223,7 +310,8 @@ class PlanExecutor:
             op = (Kind.F, k, fwd_chunk_id)
             self._run(self._before.get(op, ()))
             self.stats.log.append(f"F({k},{fwd_chunk_id})")
-            out = self._forward(k, fwd_chunk_id, forward, args, kwargs)
+            out = self._timed(Kind.F, k, fwd_chunk_id,
+                              lambda: self._forward(k, fwd_chunk_id, forward, args, kwargs))
             self._run(self._after.get(op, ()))
             return out
 
@@ -232,21 +320,41 @@ class PlanExecutor:
             self._run(self._before.get((kind, k, bwd_chunk_id), ()))
             self._ensure_ready(k, bwd_chunk_id, kind)
             self.stats.log.append(f"{kind.value}({k},{bwd_chunk_id})")
-            backward(bwd_chunk_id, *args, full_backward=full_backward, **kwargs)
+            self._timed(kind, k, bwd_chunk_id,
+                        lambda: backward(bwd_chunk_id, *args, full_backward=full_backward, **kwargs))
             if full_backward:
-                self._records.pop((k, bwd_chunk_id), None)
+                self._release(k, bwd_chunk_id)
 
         def backward_weight_one_chunk(bwd_chunk_id: int, *args: Any, **kwargs: Any):
             self._run(self._before.get((Kind.W, k, bwd_chunk_id), ()))
             self._ensure_ready(k, bwd_chunk_id, Kind.W)
             self.stats.log.append(f"W({k},{bwd_chunk_id})")
-            backward_weight(bwd_chunk_id, *args, **kwargs)
-            self._records.pop((k, bwd_chunk_id), None)
+            self._timed(Kind.W, k, bwd_chunk_id, lambda: backward_weight(bwd_chunk_id, *args, **kwargs))
+            self._release(k, bwd_chunk_id)
 
         stage.forward_one_chunk = forward_one_chunk
         stage.backward_one_chunk = backward_one_chunk
         stage.backward_weight_one_chunk = backward_weight_one_chunk
         stage.submod.register_forward_pre_hook(self._capture_inputs, with_kwargs=True)
+
+    def _timed(self, kind: Kind, k: int, mb: int, work: Callable[[], Any]) -> Any:
+        """Run a compute op: measured (when tracing) and padded to its emulated duration."""
+        recorder = self.recorder
+        if recorder is not None:
+            recorder.reset_peak()
+            start = recorder.mark()
+        started = time.perf_counter()
+        out = work()
+        if self.emulation is not None:
+            self.emulation.pad(kind, k, started)
+        if recorder is not None:
+            recorder.add(kind.value, k, mb, start, recorder.mark())
+        return out
+
+    def _release(self, k: int, mb: int) -> None:
+        record = self._records.pop((k, mb), None)
+        if record is not None:
+            self._hold(record, -record.resident)
 
     def _capture_inputs(self, module: nn.Module, args: tuple, kwargs: dict):
         if self._recording is not None and self._recording.mode == "recompute":
@@ -266,34 +374,103 @@ class PlanExecutor:
                     return forward(mb, *args, **kwargs)
             finally:
                 self._recording = None
-        return forward(mb, *args, **kwargs)
+        record = _Record("plain")
+        with torch.autograd.graph.saved_tensors_hooks(self._pack_counted(record), _identity):
+            out = forward(mb, *args, **kwargs)
+        if record.resident:
+            self._records[(k, mb)] = record
+        return out
+
+    def _pack_counted(self, record: _Record) -> Callable[[torch.Tensor], Any]:
+        def pack(tensor: torch.Tensor) -> Any:
+            if not tensor.is_leaf and id(tensor) not in record.counted:
+                record.counted.add(id(tensor))
+                self._hold(record, _nbytes(tensor))
+            return tensor
+        return pack
 
     # -- offload ---------------------------------------------------------------------------------------
-    @staticmethod
-    def _pack_offload(record: _Record) -> Callable[[torch.Tensor], Any]:
+    def _pack_offload(self, record: _Record) -> Callable[[torch.Tensor], Any]:
         def pack(tensor: torch.Tensor) -> Any:
             if tensor.is_leaf:  # parameters and the stage's inputs stay resident anyway
                 return tensor
             handle = record.handles.get(id(tensor))
             if handle is None or handle.dev is not tensor:
                 handle = record.handles[id(tensor)] = _Offloaded(tensor)
+                self._hold(record, handle.nbytes)
             return handle
         return pack
 
-    def _offload_now(self, k: int, mb: int) -> None:
+    def _offload_job(self, k: int, mb: int) -> CopyJob:
         record = self._records[(k, mb)]
-        alive = [(weakref.ref(h.dev), h.dev.numel() * h.dev.element_size())
-                 for h in record.handles.values() if h.dev is not None]
-        self.stats.offloaded_bytes[(k, mb)] += sum(h.to_host() for h in record.handles.values())
-        # device memory really released: copies nothing else (e.g. the stage's output) still holds
-        self.stats.freed_bytes[(k, mb)] += sum(n for ref, n in alive if ref() is None)
-        record.offloaded = True
+        stream = self._streams.get("d2h")
+        ready = None
+        if self.cuda:  # CUDA only: the d2h stream starts after F's kernels (this point on compute)
+            ready = torch.cuda.current_stream(self.device).record_event()
+
+        def run() -> None:
+            if ready is not None:
+                stream.wait_event(ready)
+            start = self.recorder.mark(stream) if self.recorder is not None else None
+            started = time.perf_counter()
+            alive = [(weakref.ref(h.dev), h.nbytes) for h in record.handles.values() if h.dev is not None]
+            moved = sum(h.to_host(stream) for h in record.handles.values())
+            self._hold(record, -moved)
+            self.stats.offloaded_bytes[(k, mb)] += moved
+            # device memory really released: copies nothing else (e.g. the stage's output) still holds
+            self.stats.freed_bytes[(k, mb)] += sum(n for ref, n in alive if ref() is None)
+            if self.emulation is not None:
+                self.emulation.pad(Kind.OFFLOAD, k, started)
+            if self.cuda:  # CUDA only
+                record.offload_done = stream.record_event()
+            if self.recorder is not None:
+                self.recorder.add(Kind.OFFLOAD.value, k, mb, start, self.recorder.mark(stream))
+        return CopyJob((k, mb), run)
+
+    def _reload_job(self, k: int, mb: int) -> CopyJob:
+        record = self._records[(k, mb)]
+        stream = self._streams.get("h2d")
+        anchor = None
+        if self.cuda:  # CUDA only: the plan starts the reload with the compute op about to run
+            anchor = torch.cuda.current_stream(self.device).record_event()
+        offload = self.d2h.job((k, mb))
+
+        def run() -> None:
+            self._wait_copy(offload, f"OFFLOAD({k},{mb})")
+            if self.cuda:  # CUDA only: after its own offload and the anchor op's start, nothing else
+                stream.wait_event(record.offload_done)
+                stream.wait_event(anchor)
+            start = self.recorder.mark(stream) if self.recorder is not None else None
+            started = time.perf_counter()
+            consumer = torch.cuda.current_stream(self.device) if self.cuda else None
+            moved = sum(h.to_device(stream, consumer) for h in record.handles.values())
+            self._hold(record, moved)
+            if self.emulation is not None:
+                self.emulation.pad(Kind.RELOAD, k, started)
+            if self.cuda:  # CUDA only
+                record.reload_done = stream.record_event()
+            if self.recorder is not None:
+                self.recorder.add(Kind.RELOAD.value, k, mb, start, self.recorder.mark(stream))
+            self.stats.reloads.add((k, mb))
+        return CopyJob((k, mb), run)
+
+    def _wait_copy(self, job: CopyJob | None, what: str) -> None:
+        if job is None:
+            raise RuntimeError(f"rank {self.rank}: {what} was never issued")
+        if self.cuda and not job.done.is_set():  # CUDA lanes issue in this thread: nothing else will
+            raise RuntimeError(f"rank {self.rank}: {what} is not issued yet; the plan's copy-lane order"
+                               " does not match its compute order")
+        job.wait()
 
     def _reload_now(self, k: int, mb: int) -> None:
+        """Late path: reload on the compute stream / thread, after the offload finished."""
         record = self._records[(k, mb)]
-        for handle in record.handles.values():
-            handle.to_device()
-        record.reloaded = True
+        self._wait_copy(self.d2h.job((k, mb)), f"OFFLOAD({k},{mb})")
+        stream = None
+        if self.cuda:  # CUDA only
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(record.offload_done)
+        self._hold(record, sum(h.to_device(stream, stream) for h in record.handles.values()))
         self.stats.reloads.add((k, mb))
 
     # -- recompute -------------------------------------------------------------------------------------
@@ -329,31 +506,108 @@ class PlanExecutor:
             raise RuntimeError(f"stage {k} mb {mb}: the recomputed forward saved {len(saved)} tensors but"
                                f" the original saved {record.packed}; is the stage's forward deterministic?")
         record.saved = saved
+        self._hold(record, sum(_nbytes(t) for t in {id(t): t for t in saved if not t.is_leaf}.values()))
         self.stats.recomputes.add((k, mb))
 
     # -- running the side ops --------------------------------------------------------------------------
     def _run(self, side_ops) -> None:
         for kind, k, mb in side_ops:
             if (k, mb) not in self._records:
-                continue  # nothing saved (e.g. the stage has no backward)
+                # nothing saved (e.g. the stage has no backward): keep the lane's order moving
+                if kind is Kind.OFFLOAD:
+                    self.d2h.submit(CopyJob((k, mb), _nothing))
+                elif kind is Kind.RELOAD:
+                    self.h2d.submit(CopyJob((k, mb), _nothing))
+                continue
             self.stats.log.append(f"{kind.value}({k},{mb})")
             if kind is Kind.OFFLOAD:
-                self._offload_now(k, mb)
+                self.d2h.submit(self._offload_job(k, mb))
             elif kind is Kind.RELOAD:
-                self._reload_now(k, mb)
+                self.h2d.submit(self._reload_job(k, mb))
             elif kind is Kind.RECOMPUTE:
-                self._recompute_now(k, mb)
+                self._timed(Kind.RECOMPUTE, k, mb, lambda k=k, mb=mb: self._recompute_now(k, mb))
 
     def _ensure_ready(self, k: int, mb: int, kind: Kind) -> None:
+        """Before a backward: wait for this (k, mb)'s own reload (and nothing else on the lanes)."""
         record = self._records.get((k, mb))
         if record is None:
             return
-        if record.mode == "offload" and record.offloaded and not record.reloaded:
-            self.stats.late.append(f"RELOAD({k},{mb}) before {kind.value}")
-            self._reload_now(k, mb)
+        if record.mode == "offload" and self.d2h.job((k, mb)) is not None:
+            reload = self.h2d.job((k, mb))
+            if reload is None:
+                self.stats.late.append(f"RELOAD({k},{mb}) before {kind.value}")
+                self._reload_now(k, mb)
+            else:
+                self._wait_copy(reload, f"RELOAD({k},{mb})")
+                if self.cuda:  # CUDA only: the compute stream waits for this reload's event alone
+                    torch.cuda.current_stream(self.device).wait_event(record.reload_done)
         if record.mode == "recompute" and record.saved is None:
             self.stats.late.append(f"RECOMPUTE({k},{mb}) before {kind.value}")
             self._recompute_now(k, mb)
+
+    # -- the pipeline's sends and receives -------------------------------------------------------------
+    @contextlib.contextmanager
+    def recording_comms(self) -> Iterator[None]:
+        """Record SEND_F/RECV_F/SEND_B/RECV_B around torch's p2p helpers for one step.
+
+        A receive runs from when it is posted to when its wait returns; a send from when it is
+        issued to when the issue returns (its completion is only awaited at the end of the step).
+        """
+        recorder = self.recorder
+        if recorder is None:
+            yield
+            return
+        pending: list[tuple[str, int, int]] = []
+        posted: dict[int, tuple[str, int, int, Any]] = {}
+        batch, wait = _schedules._batch_p2p, _schedules._wait_batch_p2p
+
+        def batch_p2p(p2p_ops, desc=None):
+            start = recorder.mark()
+            works = batch(p2p_ops, desc) if desc is not None else batch(p2p_ops)
+            if pending:
+                kind, k, mb = pending.pop()
+                if kind.startswith("SEND"):
+                    recorder.add(kind, k, mb, start, recorder.mark())
+                else:
+                    posted[id(works)] = (kind, k, mb, start)
+            return works
+
+        def wait_batch_p2p(works):
+            wait(works)
+            entry = posted.pop(id(works), None)
+            if entry is not None:
+                kind, k, mb, start = entry
+                recorder.add(kind, k, mb, start, recorder.mark())
+
+        originals = []
+        for stage in self.stages.values():
+            for name, kind in (("get_fwd_send_ops", "SEND_F"), ("get_bwd_send_ops", "SEND_B"),
+                               ("get_fwd_recv_ops", "RECV_F"), ("get_bwd_recv_ops", "RECV_B")):
+                method = getattr(stage, name)
+                originals.append((stage, name, stage.__dict__.get(name)))
+
+                def labelled(mb, *a, _m=method, _kind=kind, _k=stage.stage_index, **kw):
+                    pending[:] = [(_kind, _k, mb)]
+                    return _m(mb, *a, **kw)
+                setattr(stage, name, labelled)
+        _schedules._batch_p2p, _schedules._wait_batch_p2p = batch_p2p, wait_batch_p2p
+        try:
+            yield
+        finally:
+            _schedules._batch_p2p, _schedules._wait_batch_p2p = batch, wait
+            for stage, name, own in originals:
+                if own is None:
+                    del stage.__dict__[name]
+                else:
+                    setattr(stage, name, own)
+
+
+def _nothing() -> None:
+    return None
+
+
+def _identity(x: Any) -> Any:
+    return x
 
 
 def _pack_index(record: _Record) -> Callable[[torch.Tensor], Any]:
@@ -370,7 +624,9 @@ def _unpack_offload(executor: PlanExecutor, k: int, mb: int) -> Callable[[Any], 
             return packed
         if packed.dev is None:
             executor.stats.late.append(f"RELOAD({k},{mb}) on demand")
-            packed.to_device()
+            executor._ensure_ready(k, mb, Kind.W)
+            if packed.dev is None:
+                executor._reload_now(k, mb)
         return packed.dev
     return unpack
 
@@ -392,6 +648,17 @@ def _set_rng_state(state: tuple) -> None:
 
 
 # -- the public entry points -----------------------------------------------------------------------
+def same_shape(a: Problem, b: Problem) -> list[str]:
+    """Why a plan of `b` cannot run on stages built for `a` (empty when it can)."""
+    out = []
+    if (a.num_devices, a.num_stages, a.num_microbatches) != (b.num_devices, b.num_stages, b.num_microbatches):
+        out.append(f"devices/stages/microbatches {a.num_devices}/{a.num_stages}/{a.num_microbatches} vs"
+                   f" {b.num_devices}/{b.num_stages}/{b.num_microbatches}")
+    if [s.device for s in a.stages] != [s.device for s in b.stages]:
+        out.append("stage placement differs")
+    return out
+
+
 @dataclass
 class PlannedSchedule:
     """torch's runtime schedule loaded from a plan, plus the executor of its memory actions."""
@@ -400,25 +667,83 @@ class PlannedSchedule:
     executor: PlanExecutor
     problem: Problem
     plan: Plan
+    iterations: int = 0
 
     def step(self, *args: Any, **kwargs: Any):
-        return self.schedule.step(*args, **kwargs)
+        """One iteration. When tracing, every rank first meets at a barrier, so the ranks' clocks
+        start together (one host: the same monotonic clock; several hosts: to a barrier's skew)."""
+        executor = self.executor
+        if executor.recorder is not None:
+            _barrier()
+        executor.begin_iteration()
+        try:
+            with executor.recording_comms():
+                return self.schedule.step(*args, **kwargs)
+        finally:
+            executor.end_iteration()
+            self.iterations += 1
 
-    def swap(self, plan: Plan) -> None:
-        """Switch to another plan of the same problem; call at an iteration boundary on EVERY rank."""
-        if plan.problem_key != self.plan.problem_key:
+    def local_trace(self):
+        """This rank's measurements of the last iteration (`planner.trace.DeviceTrace`)."""
+        if self.executor.recorder is None:
+            raise RuntimeError("build the schedule with trace=True to record traces")
+        return self.executor.recorder.device_trace(self.executor.rank)
+
+    def collect_trace(self, dst: int = 0, group=None, metadata: dict | None = None) -> Trace | None:
+        """Gather the last iteration's measurements: the trace on rank `dst`, None elsewhere.
+
+        Collective: call it on every rank after the same `step()`."""
+        import torch.distributed as dist
+
+        local = self.local_trace()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+            gathered: list | None = [None] * dist.get_world_size(group) if dist.get_rank(group) == dst else None
+            dist.gather_object(local.model_dump(), gathered, dst=dst, group=group)
+            if gathered is None:
+                return None
+            from planner.trace import DeviceTrace
+
+            devices = [DeviceTrace.model_validate(d) for d in gathered]
+        else:
+            devices = [local]
+        return assemble_trace(devices, self.plan.problem_key, self.plan.revision,
+                              iteration=self.iterations - 1, cuda=self.executor.cuda,
+                              emulated=self.executor.emulation is not None, metadata=metadata)
+
+    def swap(self, plan: Plan, problem: Problem | None = None) -> None:
+        """Switch to another plan; call at an iteration boundary on EVERY rank.
+
+        Without `problem`, the plan must be of this schedule's problem; with one (e.g. a problem
+        calibrated from traces, `planner.fidelity.calibrated_problem`), it must have the same shape.
+        """
+        target = problem if problem is not None else self.problem
+        if problem is not None:
+            if (why := same_shape(self.problem, problem)):
+                raise ValueError("the new problem does not fit these stages: " + "; ".join(why))
+            if plan.problem_key != problem.key():
+                raise ValueError(f"plan is for {plan.problem_key[:12]}…, not the given problem")
+        elif plan.problem_key != self.plan.problem_key:
             raise ValueError(f"plan is for {plan.problem_key[:12]}…, not {self.plan.problem_key[:12]}…")
         self.executor.load(plan)
-        _load_csv_text(self.schedule, torch_csv(self.problem, plan))
-        self.plan = plan
+        _load_csv_text(self.schedule, torch_csv(target, plan))
+        self.plan, self.problem = plan, target
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def build_schedule(problem: Problem, plan: Plan, stages: list, loss_fn: Callable | None,
-                   *, scale_grads: bool = True) -> PlannedSchedule:
+                   *, scale_grads: bool = True, trace: bool = False,
+                   emulation: Emulation | None = None) -> PlannedSchedule:
     """torch's `_PipelineScheduleRuntime` running `plan` on this rank's `stages`.
 
     `stages` are this rank's `PipelineStage`s (the plan's stages on device = this rank). The compute
     order is loaded through torch's own `_load_csv`; offload/recompute run through `PlanExecutor`.
+    `trace=True` records every iteration (`collect_trace()`); `emulation` pads ops to given durations.
     """
     rank = stages[0].group_rank
     expected = set(problem.stages_of(rank))
@@ -429,7 +754,7 @@ def build_schedule(problem: Problem, plan: Plan, stages: list, loss_fn: Callable
         raise ValueError(f"the model has {stages[0].num_stages} stages; the problem has {problem.num_stages}")
     schedule = _PipelineScheduleRuntime(stages=stages, n_microbatches=problem.num_microbatches,
                                         loss_fn=loss_fn, scale_grads=scale_grads)
-    executor = PlanExecutor(stages, rank)
+    executor = PlanExecutor(stages, rank, emulation=emulation, trace=trace)
     executor.load(plan)
     _load_csv_text(schedule, torch_csv(problem, plan))
     return PlannedSchedule(schedule, executor, problem, plan)
