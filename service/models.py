@@ -113,3 +113,26 @@ class JobRow(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class FrontierRow(Base):
+    """A time-memory frontier (docs/frontier.md): what is fixed when it is requested (budget unit,
+    range, peers) as one JSON document; its points are ordinary problems (FrontierPointRow)."""
+
+    __tablename__ = "frontiers"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    problem_key: Mapped[str] = mapped_column(String(64), index=True)  # the base problem's key
+    setup: Mapped[dict] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class FrontierPointRow(Base):
+    """Point `idx` of a frontier: budget factor `factor`, cached as the plan of `point_key`."""
+
+    __tablename__ = "frontier_points"
+
+    frontier_key: Mapped[str] = mapped_column(ForeignKey("frontiers.key", ondelete="CASCADE"), primary_key=True)
+    idx: Mapped[int] = mapped_column(Integer, primary_key=True)
+    factor: Mapped[float] = mapped_column(Float)
+    point_key: Mapped[str] = mapped_column(ForeignKey("problems.key", ondelete="CASCADE"), index=True)
