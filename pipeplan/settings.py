@@ -52,6 +52,13 @@ class Settings(BaseSettings):
         " databases (production refuses to start on an unmigrated schema instead).",
     )
     db_pool_size: int = 10
+    db_pool_timeout_s: float = Field(1.0, gt=0, description="Wait at most this long for a free pooled connection"
+                                     " (then 503).")
+    db_statement_timeout_s: float = Field(5.0, gt=0, description="PostgreSQL statement_timeout of the API's"
+                                          " connections (the server cancels longer statements).")
+    db_answer_timeout_s: float = Field(
+        1.0, gt=0, description="A PostgreSQL round trip the server does not answer within this is abandoned:"
+        " the connection is dropped, new connections fail fast until a probe gets through, requests get 503.")
 
     # Queue / workers
     redis_url: str | None = Field(
@@ -92,6 +99,29 @@ class Settings(BaseSettings):
         " queue and events).",
     )
 
+    # Admission: what one API process takes on at once (bounded work, DESIGN.md: admission control)
+    inline_timeout_s: float = Field(
+        30.0, gt=0, description="Time box of a POST's heavy work (spec conversion, first plan) in its own"
+        " process; it is killed beyond this (503) or when the client leaves.")
+    inline_greedy_s: float = Field(
+        0.5, ge=0, description="Inline budget of the memory-aware greedy seed when no classic schedule fits;"
+        " slower heuristics run in the refine job.")
+    inline_thread_max_ops: int = Field(
+        4096, ge=0, description="Problems of at most this many ops get their first plan in the thread pool"
+        " (milliseconds, bounded by size); larger ones and every spec in a killable process.")
+    max_expensive_requests: int = Field(
+        2, ge=1, description="Heavy POSTs (a first plan computed) running at once per process.")
+    admission_wait_s: float = Field(
+        10.0, ge=0, description="How long a heavy POST waits for a free slot before 503 with Retry-After.")
+    max_streams: int = Field(
+        1000, ge=1, description="Open SSE streams plus long-polls per process; more get 503 with Retry-After.")
+    write_rate_per_min: float = Field(
+        0.0, ge=0, description="Writes per minute per API key (or client address without keys); 0: no limit."
+        " Beyond it: 429 with Retry-After.")
+    export_cache_dir: Path | None = Field(
+        None, description="Where computed exports (torch CSV, Chrome trace) are kept, gzipped, one file per"
+        " revision. Empty: data_dir/exports.")
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
@@ -113,6 +143,10 @@ class Settings(BaseSettings):
     @property
     def should_auto_migrate(self) -> bool:
         return self.is_sqlite if self.auto_migrate is None else self.auto_migrate
+
+    @property
+    def resolved_export_cache_dir(self) -> Path:
+        return Path(self.export_cache_dir or Path(self.data_dir) / "exports")
 
     @property
     def events_channel(self) -> str:

@@ -6,14 +6,18 @@ The dashboard (service/dashboard.py, a router) is included when present.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
+import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.concurrency import run_in_threadpool
@@ -23,6 +27,7 @@ from pipeplan.settings import Settings, get_settings
 
 from . import api
 from .metrics import BodyLimitMiddleware, Metrics, MetricsMiddleware, StateCollector
+from .errors import CatchAllMiddleware, error_responses
 from .state import ServiceState
 
 log = logging.getLogger("pipeplan.service")
@@ -33,6 +38,13 @@ the best cached plan comes back at once, or, on a miss, the best heuristic plan 
 (revision 1) while a worker refines it. Follow better revisions with `If-None-Match` polling,
 long-polling (`?min_revision=&wait=`) or server-sent events. Plans are `pipeplan.plan/v1` documents.
 """
+
+
+class Readiness(BaseModel):
+    status: str
+    queue_kind: str
+    database: str
+    queue: str
 
 
 def _validation_lines(exc: RequestValidationError) -> list[str]:
@@ -87,31 +99,52 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lines = _validation_lines(exc)
         return JSONResponse({"error": "invalid_request", "message": "; ".join(lines), "detail": lines}, 422)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception):
-        if _db_unavailable(exc):
-            log.warning("database unavailable: %s", str(exc).splitlines()[0] if str(exc) else exc)
-            return JSONResponse({"error": "unavailable", "message": "the database is unavailable; retry later"},
-                                503, headers={"Retry-After": str(settings.retry_after_s)})
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+    quiet_until: dict[str, float] = {}
+
+    def _unavailable(what: str, exc: Exception) -> JSONResponse:
+        now = time.monotonic()  # an outage answers thousands of requests: one log line per 5 s is enough
+        if now >= quiet_until.get(what, 0.0):
+            quiet_until[what] = now + 5.0
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            log.warning("%s unavailable (503 with Retry-After; logged once per 5 s): %s", what, first)
+        return JSONResponse({"error": "unavailable", "message": f"the {what} is unavailable; retry later"},
+                            503, headers={"Retry-After": str(settings.retry_after_s)})
+
+    @app.exception_handler(DBAPIError)
+    @app.exception_handler(PoolTimeout)
+    async def _database_error(request: Request, exc: Exception):
+        if _db_unavailable(exc):  # expected: a response, not a traceback, and the connection stays open
+            return _unavailable("database", exc)
+        log.error("database error on %s %s", request.method, request.url.path, exc_info=exc)
         return JSONResponse({"error": "internal_error", "message": "internal error (logged on the server)"}, 500)
+
+    @app.exception_handler(RedisError)
+    async def _queue_error(request: Request, exc: Exception):
+        return _unavailable("queue", exc)
 
     @app.get("/healthz", tags=["ops"], summary="Liveness: the process answers")
     async def healthz() -> dict:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["ops"], summary="Readiness: database and queue reachable")
+    @app.get("/readyz", tags=["ops"], summary="Readiness: database and queue reachable",
+             description="Each check gives up after `db_answer_timeout_s` (+1 s): a frozen dependency fails"
+             " the probe fast instead of hanging it.",
+             responses={200: {"model": Readiness, "description": "Ready"}, **error_responses(503)})
     async def readyz() -> Response:
         checks: dict[str, str] = {}
         for name, fn in (("database", state.repo.ping), ("queue", state.queue.ping)):
             try:
-                await run_in_threadpool(fn)
+                await asyncio.wait_for(run_in_threadpool(fn), settings.db_answer_timeout_s + 1.0)
                 checks[name] = "ok"
             except Exception as exc:
                 checks[name] = f"unavailable: {type(exc).__name__}"
         ok = all(v == "ok" for v in checks.values())
-        return JSONResponse({"status": "ok" if ok else "unavailable", "queue_kind": state.queue.kind, **checks},
-                            200 if ok else 503, headers=None if ok else {"Retry-After": str(settings.retry_after_s)})
+        if ok:
+            return JSONResponse({"status": "ok", "queue_kind": state.queue.kind, **checks})
+        down = ", ".join(k for k, v in checks.items() if v != "ok")
+        return JSONResponse({"error": "unavailable", "message": f"not ready: {down} unavailable",
+                             "status": "unavailable", "queue_kind": state.queue.kind, **checks},
+                            503, headers={"Retry-After": str(settings.retry_after_s)})
 
     @app.get("/metrics", tags=["ops"], summary="Prometheus metrics")
     def prometheus() -> Response:
@@ -130,4 +163,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(CatchAllMiddleware, logger=log)  # last added: outermost, inside Starlette's own
     return app

@@ -67,3 +67,36 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
             entry["headers"] = _RETRY_AFTER
         out[status] = entry
     return out
+
+
+class CatchAllMiddleware:
+    """Outermost app middleware: an unexpected exception becomes one logged traceback and a JSON 500.
+
+    Starlette's own handler for `Exception` answers 500 but then re-raises, so the server logs the
+    traceback a second time and drops the keep-alive connection; this answers and stops there."""
+
+    def __init__(self, app: Any, logger: Any):
+        self.app, self.log = app, logger
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            self.log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if started:  # too late for a status: end the response; the client sees a short body
+                raise
+            from fastapi.responses import JSONResponse
+
+            body = {"error": "internal_error", "message": "internal error (logged on the server)"}
+            await JSONResponse(body, 500)(scope, receive, send)

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from pipeplan.settings import Settings
 from planner.contract import Problem
 
-from .db import make_engine
+from .db import DbTimeouts, make_engine
 from .events import ALL, EventBus, Hub, LocalPublisher, RedisListener, RedisPublisher
 from .metrics import Metrics
 from .queue import JobQueue, LocalQueue, RQQueue
@@ -46,7 +46,7 @@ class ServiceState:
     # -- lifecycle ------------------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
-        self.engine = make_engine(s.resolved_database_url, s.db_pool_size)
+        self.engine = make_engine(s.resolved_database_url, s.db_pool_size, DbTimeouts.from_settings(s))
         await run_in_threadpool(ensure_schema, self.engine, s.should_auto_migrate)
         self.repo = Repository(self.engine)
         self.hub.bind(asyncio.get_running_loop())
