@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeplan.settings import Settings, get_settings
 
-from . import api
+from . import api, frontier_api
 from .metrics import BodyLimitMiddleware, Metrics, MetricsMiddleware, StateCollector
 from .errors import CatchAllMiddleware, error_responses
 from .state import ServiceState
@@ -82,6 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="pipeplan", version="1", description=DESCRIPTION, lifespan=lifespan)
     app.state.pipeplan = state
     app.include_router(api.router)
+    app.include_router(frontier_api.router)  # /v1/frontiers (docs/frontier.md)
 
     @app.exception_handler(api.ApiError)
     async def _api_error(request: Request, exc: api.ApiError):

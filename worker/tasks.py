@@ -119,7 +119,20 @@ def run_job(ctx: WorkerContext, key: str, run_id: str) -> str:
         "searched_s": job.used_s + result.elapsed_s, "run_improvements": len(stored)}
     if repo.finish(key, run_id, state, error, **ended):
         ctx.publisher.publish(key, job_message(key, state, **ended))
+    if stored:
+        offer_to_frontiers(ctx, key)
     return state
+
+
+def offer_to_frontiers(ctx: WorkerContext, key: str) -> None:
+    """A frontier point's better plan fits every larger budget of its frontier: offer it there."""
+    try:
+        from service.frontier_store import FrontierStore
+
+        FrontierStore(ctx.repo).propagate(
+            key, lambda other, revision: ctx.publisher.publish(other, revision_message(other, revision)))
+    except Exception as exc:  # noqa: BLE001 - the point's own plan is stored; this only helps others
+        log.warning("offering %s to its frontiers failed: %s", key[:12], exc)
 
 
 # -- RQ entry point: one context per process (the work horse is a fork of the worker) -----------------
