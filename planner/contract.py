@@ -123,6 +123,28 @@ class Device(BaseModel):
     _finite = field_validator("memory_limit_mib", "static_mib", "host_memory_limit_mib")(_finite_non_negative)
 
 
+MAX_METADATA_DEPTH = 32
+
+
+def _check_metadata(value: Any) -> None:
+    """Metadata is part of the key and stored as JSON: bounded nesting (serializers and databases have
+    depth limits) and no NUL character (PostgreSQL text cannot hold one)."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 1)]
+    while stack:
+        item, path, depth = stack.pop()
+        if depth > MAX_METADATA_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_METADATA_DEPTH} levels")
+        if isinstance(item, str) and "\x00" in item:
+            raise ValueError(f"{path or 'value'}: must not contain a NUL character")
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if "\x00" in str(k):
+                    raise ValueError(f"{path or 'key'} {str(k)[:40]!r}: must not contain a NUL character")
+                stack.append((v, f"{path}.{k}" if path else str(k), depth + 1))
+        elif isinstance(item, list):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(item))
+
+
 class Problem(BaseModel):
     """A pipeline schedule problem (`pipeplan.problem/v1`)."""
 
@@ -141,6 +163,12 @@ class Problem(BaseModel):
     )
 
     _finite = field_validator("p2p_ms")(_finite_non_negative)
+
+    @field_validator("metadata")
+    @classmethod
+    def _bounded_metadata(cls, value: dict[str, Any]) -> dict[str, Any]:
+        _check_metadata(value)
+        return value
 
     @model_validator(mode="after")
     def _check_shape(self) -> Problem:

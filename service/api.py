@@ -13,7 +13,7 @@ import re
 import time
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.concurrency import run_in_threadpool
@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from planner.bounds import MemoryInfeasibleError
 from planner.contract import Problem, error_messages
 
-from .errors import ApiError
+from .errors import MAX_OFFSET, MAX_REVISION, ApiError, reject_nul
 from .events import job_message, revision_message
 from .models import CANCELLED, JOB_STATES, QUEUED
 from .outcomes import OUTCOMES
@@ -299,7 +299,7 @@ def _plan_response(best: BestPlan, if_none_match: str | None) -> Response:
             dependencies=[Depends(require_read)])
 async def get_plan(
     key: str, request: Request,
-    min_revision: int | None = Query(None, ge=1, description="Wait until this revision exists..."),
+    min_revision: int | None = Query(None, ge=1, le=MAX_REVISION, description="Wait until this revision exists..."),
     wait: float = Query(0.0, ge=0, description="...for at most this many seconds (capped by settings)."),
     if_none_match: str | None = Header(None),
 ) -> Response:
@@ -323,7 +323,8 @@ async def get_plan(
 
 @router.get("/plans/{key}/revisions/{revision}", summary="One stored revision (plan v1)",
             dependencies=[Depends(require_read)])
-def get_revision(key: str, revision: int, request: Request) -> Response:
+def get_revision(key: str, request: Request,
+                 revision: int = Path(ge=1, le=MAX_REVISION, description="Revision number")) -> Response:
     check_key(key)
     plan = state_of(request).repo.revision_plan(key, revision)
     if plan is None:
@@ -358,12 +359,12 @@ async def known_key(key: str, request: Request) -> str:
             " refine job state changes: `{\"state\"}`, and when a run ends also `outcome`, `gap_pct`,"
             " `searched_s`, `run_improvements` and `outcome_text` (see the job object).",
             dependencies=[Depends(require_read), Depends(known_key)])
-async def events(key: str, request: Request, after: int | None = Query(None, ge=0),
+async def events(key: str, request: Request, after: int | None = Query(None, ge=0, le=MAX_REVISION),
                  summary: bool = False, last_event_id: str | None = Header(None)):
     st = state_of(request)
     start_after = after
     if last_event_id and last_event_id.strip().isdigit():
-        start_after = int(last_event_id.strip())
+        start_after = min(int(last_event_id.strip()), MAX_REVISION)
 
     def full(revision: int, plan_json: str) -> ServerSentEvent:
         return ServerSentEvent(raw_data=plan_json, event="revision", id=str(revision))
@@ -478,13 +479,14 @@ def job(key: str, request: Request) -> JobView:
             dependencies=[Depends(require_read)])
 def list_plans(
     request: Request,
-    offset: int = Query(0, ge=0), limit: int = Query(50, ge=1, le=500),
+    offset: int = Query(0, ge=0, le=MAX_OFFSET), limit: int = Query(50, ge=1, le=500),
     sort: Literal["updated_at", "created_at", "makespan_ms", "num_devices", "num_microbatches", "revision",
                   "bubble_ratio", "gap", "speedup"] = "updated_at",
     order: Literal["asc", "desc"] = "desc",
     q: str | None = Query(None, max_length=100, description="Key prefix or model name substring"),
     job_state: JobState | None = None,
 ) -> PlanPage:
+    reject_nul("q", q)
     items, total = state_of(request).repo.list_plans(offset, limit, sort, order == "desc", q, job_state)
     return PlanPage(items=[PlanSummary(**i) for i in items], total=total, offset=offset, limit=limit)
 
@@ -506,7 +508,7 @@ def _problem_and_plan(st: ServiceState, key: str, revision: int | None):
 
 @router.get("/plans/{key}/export/torch.csv", summary="torch.distributed.pipelining schedule CSV",
             response_class=Response, dependencies=[Depends(require_read)])
-def export_torch_csv(key: str, request: Request, revision: int | None = Query(None, ge=1)) -> Response:
+def export_torch_csv(key: str, request: Request, revision: int | None = Query(None, ge=1, le=MAX_REVISION)) -> Response:
     check_key(key)
     from planner.exports import torch_csv
 
@@ -517,7 +519,7 @@ def export_torch_csv(key: str, request: Request, revision: int | None = Query(No
 
 @router.get("/plans/{key}/export/chrome-trace.json", summary="Chrome / Perfetto trace of the plan",
             dependencies=[Depends(require_read)])
-def export_chrome_trace(key: str, request: Request, revision: int | None = Query(None, ge=1)) -> Response:
+def export_chrome_trace(key: str, request: Request, revision: int | None = Query(None, ge=1, le=MAX_REVISION)) -> Response:
     check_key(key)
     from planner.exports import chrome_trace
 

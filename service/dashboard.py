@@ -31,6 +31,7 @@ from planner.contract import Plan, Problem
 
 from . import dashboard_data as data
 from . import dashboard_views as views
+from .errors import MAX_PAGE, MAX_REVISION, reject_nul
 from .models import JOB_STATES
 
 PREFIX = "/dashboard"
@@ -171,8 +172,9 @@ def overview(
 ) -> HTMLResponse:
     started = time.perf_counter()
     repo = _repo(request)
-    q = (q or "").strip() or None
+    q = (reject_nul("q", q) or "").strip() or None
     state = state if state in JOB_STATES else None
+    page = min(page, MAX_PAGE)  # beyond it: the last page, below (no offset the database cannot take)
     sortable = {c[1] for c in COLUMNS if c[1]}
     sort = sort if sort in sortable else "updated_at"
     items, total = repo.list_plans(offset=(page - 1) * per_page, limit=per_page, sort=sort,
@@ -240,7 +242,7 @@ def _load_plan(repo, key: str, revision: int | None = None) -> tuple[Problem, Pl
     if problem is None or plan is None:
         raise HTTPException(404, f"no cached plan with key {key}")
     if revision is not None and revision != plan.revision:
-        stored = repo.revision_plan(key, revision)
+        stored = repo.revision_plan(key, revision) if revision <= MAX_REVISION else None
         if stored is None:
             raise HTTPException(404, f"key {key[:12]} has no revision {revision}")
         plan = Plan.model_validate_json(stored)

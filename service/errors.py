@@ -100,3 +100,17 @@ class CatchAllMiddleware:
 
             body = {"error": "internal_error", "message": "internal error (logged on the server)"}
             await JSONResponse(body, 500)(scope, receive, send)
+
+
+# -- bounds of what the database can hold: beyond them a query fails, so the input gets a 422 first ---
+MAX_REVISION = 2**31 - 1  # revisions are INTEGER columns (int4 on PostgreSQL)
+MAX_OFFSET = 10**12  # OFFSET is a signed 64-bit integer in PostgreSQL and SQLite
+MAX_PAGE = 10**9  # dashboard pages: a larger page is clamped (shown as the last page)
+
+
+def reject_nul(field: str, value: str | None) -> str | None:
+    """PostgreSQL text cannot hold NUL: a query parameter with one is invalid input, not a 500."""
+    if value is not None and "\x00" in value:
+        raise ApiError(422, "invalid_request", f"{field}: must not contain a NUL character",
+                       {"detail": [f"{field}: must not contain a NUL character"]})
+    return value
