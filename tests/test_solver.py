@@ -117,6 +117,25 @@ def test_cpsat_accepts_the_heuristic_hint_as_complete_and_feasible(kw):
     assert cpsat.hint_is_feasible(built, seconds=3.0)
 
 
+def test_hint_of_a_memory_tight_plan_is_feasible_without_an_exact_time_scale():
+    """Durations no tick size divides (as every cost-model problem has): the greedy plan under a
+    tight budget, whose forwards wait for memory, must still be a feasible hint. Re-timing its
+    orders ASAP in rounded-up ticks started forwards before their frees and broke the limits."""
+    from planner.baselines import best_heuristic
+
+    problem = make_problem(p=4, m=8, limit=250.0, offload=True, recompute=True, weight_grad_mib=100.0,
+                           f=1.0137, b=1.2291, w=0.8113, offload_ms=0.9173, p2p=0.0531)
+    scale = scale_for(problem)
+    assert not scale.time_exact
+    seed = best_heuristic(problem)
+    starts, choices = ticks_of_plan(problem, seed, scale)
+    built = CpsatModel(problem, scale, max(starts.values()) + 10 * scale.time_scale, 0)
+    values = built.assignment(starts, choices)
+    assert values is not None
+    built.hint(values)
+    assert cpsat.hint_is_feasible(built, seconds=5.0)
+
+
 def test_offload_and_recompute_under_a_tight_budget_beat_the_serialized_seed():
     problem = make_problem(p=4, m=8, limit=250.0, offload=True, recompute=True, weight_grad_mib=100.0)
     seed = plan_of(problem, serialized(problem))

@@ -8,11 +8,13 @@ kept only when it validates and is faster).
 
 from __future__ import annotations
 
+import math
+
 from ..contract import Plan, Problem
-from ..ops import Choice, Kind, Op, choices_from_ops, duration, lane_of
+from ..ops import Choice, Kind, Op, choices_from_ops, deps, duration, lane_of
 from ..simulator import DeviceOrder, Schedule, Timing, build_plan, schedule_from_plan, simulate
 from ..validator import validate_plan
-from .scaling import Scale
+from .scaling import Scale, time_values
 
 
 def schedule_of(problem: Problem, times: dict[Op, tuple[float, float]]) -> Schedule:
@@ -77,28 +79,48 @@ def plan_times(plan: Plan, split: bool, problem: Problem) -> tuple[dict[Op, tupl
 
 
 def ticks_of_plan(problem: Problem, plan: Plan, scale: Scale) -> tuple[dict[Op, int], dict]:
-    """Integer starts for a plan: its own times when the scale is exact, else its orders re-timed
-    ASAP with the rounded-up tick durations (which keeps every precedence and lane order)."""
+    """Integer starts for a plan: its own times when the scale is exact, else its times stretched.
+
+    Rounded-up tick durations make a chain of ops longer than the plan's; re-timing the orders ASAP
+    in ticks (as this did before) then starts forwards before the frees they waited for, and the
+    hint broke every memory limit (Gemma-like V, 40 GiB: 4.7x the cap on device 0), so CP-SAT and
+    every LNS step searched from scratch on all real-model problems. Multiplying every time by
+    `stretch(scale)` (> 1) instead keeps precedences, lane orders *and* the order of every free
+    before the allocations that followed it; a forward pass pushes the rare op that float noise
+    left a tick early. The hint is then a little longer than the plan; the first solutions recover it.
+    """
     split = problem.options.split_backward
     times, choices = plan_times(plan, split, problem)
     if scale.time_exact:
         return {op: round(s * scale.time_scale) for op, (s, _) in times.items()}, choices
-    scaled = _tick_problem(problem, scale)
-    base = build_plan(problem, schedule_of(problem, times), Timing(times, choices), "hint", plan.problem_key)
-    timing = simulate(scaled, schedule_from_plan(base))
-    return {op: round(s) for op, (s, _) in timing.times.items()}, choices
+    factor = scale.time_scale * stretch(problem, scale)
+    starts = {op: math.ceil(s * factor - 1e-9) for op, (s, _) in times.items()}
+    return _pushed(problem, scale, starts, choices), choices
 
 
-def _tick_problem(problem: Problem, scale: Scale) -> Problem:
-    """The problem with every duration replaced by its tick count (for integer ASAP timing)."""
-    split = problem.options.split_backward
-    stages = []
-    for s in problem.stages:
-        bi = scale.t(s.backward_input_ms) if split else scale.t(s.backward_input_ms + s.backward_weight_ms)
-        stages.append(s.model_copy(update={
-            "forward_ms": float(scale.t(s.forward_ms)), "backward_input_ms": float(bi),
-            "backward_weight_ms": float(scale.t(s.backward_weight_ms)) if split else 0.0,
-            "recompute_ms": float(scale.t(s.recompute_ms or 0.0)),
-            "offload_ms": float(scale.t(s.offload_ms or 0.0)), "reload_ms": float(scale.t(s.reload_ms or 0.0)),
-        }))
-    return problem.model_copy(update={"stages": stages, "p2p_ms": float(scale.t(problem.p2p_ms))})
+def stretch(problem: Problem, scale: Scale) -> float:
+    """How much longer tick timelines must be than float ones: an op of d ms and its link can each
+    gain a tick by rounding, plus one for the start; 1 + 3 ticks per shortest span covers it."""
+    positive = [v for v in time_values(problem) if v > 0]
+    return 1.0 + 3.0 / (min(positive, default=1.0) * scale.time_scale)
+
+
+def _pushed(problem: Problem, scale: Scale, starts: dict[Op, int],
+            choices: dict[tuple[int, int], Choice]) -> dict[Op, int]:
+    """Starts moved later where a dependency or lane order needs it (never earlier)."""
+    order = sorted(starts, key=lambda op: (starts[op], lane_of(op.kind).value, op.stage, op.mb))
+    last: dict[tuple[int, str], Op] = {}
+    out: dict[Op, int] = {}
+    for op in order:
+        start = starts[op]
+        for dep in deps(problem, op, choices):
+            if dep.before in out:
+                start = max(start, out[dep.before] + scale.t(duration(problem, dep.before))
+                            + (scale.t(dep.lag_ms) if dep.lag_ms else 0))
+        lane = (problem.stages[op.stage].device, lane_of(op.kind).value)
+        if lane in last:
+            prev = last[lane]
+            start = max(start, out[prev] + scale.t(duration(problem, prev)))
+        out[op] = start
+        last[lane] = op
+    return out

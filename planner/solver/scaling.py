@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from ..contract import Problem
 
 _TIME_SCALES = (1, 2, 4, 5, 10, 20, 25, 40, 50, 100, 200, 250, 500, 1000)
+# Without an exact scale, the shortest duration spans this many ticks: rounding then adds at most
+# 0.1% per op, and the hint's stretch (convert.stretch) is 0.3%. (At 100 ticks the stretch would be
+# 3%, more than CP-SAT usually gains.)
+TICKS_PER_SHORTEST = 1000.0
 _MEM_SCALES = (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 1000)
 
 
@@ -53,13 +57,13 @@ def time_values(problem: Problem) -> list[float]:
 
 
 def scale_for(problem: Problem) -> Scale:
-    """The smallest exact scale when there is one, else ticks fine enough for ~1% rounding."""
+    """The smallest exact scale when there is one, else ticks fine enough for ~0.1% rounding."""
     tv = time_values(problem)
     ts = _exact_scale(tv, _TIME_SCALES)
     exact = ts is not None
     if ts is None:
         smallest = min((v for v in tv if v > 0), default=1.0)
-        ts = int(min(1e5, max(1.0, 100.0 / smallest)))
+        ts = int(min(1e5, max(1.0, TICKS_PER_SHORTEST / smallest)))
     mv = []
     for s in problem.stages:
         mv += [s.activation_mib, s.weight_grad_mib, s.offloadable_mib or 0.0, s.checkpoint_mib]
