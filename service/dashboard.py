@@ -334,7 +334,7 @@ def plan_page(request: Request, key: str, revision: int | None = Query(None, ge=
     # fetches the table (and the 1F1B figure) right after; later views have both cached.
     cached = BASELINES.tables.contains(key)
     return templates.TemplateResponse(request, "dashboard/plan.html", _ctx(
-        request, summary=views.config_summary(problem),
+        request, summary=views.config_summary(problem), frontiers=dashboard_frontier.frontiers_of(repo, key),
         **_live_ctx(request, repo, key, problem, plan, compute_baselines=cached),
     ))
 
@@ -437,3 +437,5 @@ async def _next(sub, timeout: float) -> dict[str, Any] | None:
         await asyncio.sleep(timeout)
         return None
     return await sub.get(timeout)
+
+from . import dashboard_frontier  # noqa: E402,F401 - registers /dashboard/frontiers/{key} on `router`

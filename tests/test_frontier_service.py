@@ -48,6 +48,11 @@ def test_frontier_points_are_cached_plans_refined_by_two_workers(tmp_path):
             event = next(line for line in lines if line.startswith("event:"))
             data = json.loads(next(line for line in lines if line.startswith("data:"))[5:])
             assert event == "event: curve" and data["format"] == "pipeplan.frontier/v1"
+        page = c.get(f"/dashboard/frontiers/{key}")
+        assert page.status_code == 200 and page.text.count('<a class="point" href="/dashboard/plans/') == 5
+        assert 'class="frontier-band"' in page.text and 'data-peer="zb-h1"' in page.text
+        plan_page = c.get(f"/dashboard/plans/{points[0]['problem_key']}")
+        assert f'href="/dashboard/frontiers/{key}"' in plan_page.text
         again = c.post("/v1/frontiers", json={"problem": problem_doc(problem), "points": 5})
         assert again.status_code == 200 and again.json()["frontier_key"] == key
         assert FrontierStore(app.state.pipeplan.repo).frontiers_of(points[0]["problem_key"]) == [key]

@@ -1,0 +1,124 @@
+"""The dashboard's frontier page (/dashboard/frontiers/{key}): the curve with its bound band, the peers,
+each point linked to its plan page; server-rendered SVG like the other charts, no JavaScript needed.
+
+`frontier_svg` is pure (document in, SVG out); the route only reads the curve from SQL.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from fastapi import HTTPException, Request
+from fastapi.responses import HTMLResponse
+
+from .dashboard import _ctx, _repo, gated, router, templates
+from .dashboard_views import _n, _tick_label, _ticks, nice_step
+from .frontier_store import FrontierStore
+
+GIB = 1024.0
+CURVE, BAND, PEER = "#4e79a7", "#a0cbe8", "#e15759"
+SHAPES = ("circle", "square", "diamond", "triangle")
+
+
+def _marker(shape: str, x: float, y: float, tip: str) -> str:
+    common = f' fill="none" stroke="{PEER}" stroke-width="1.8"><title>{escape(tip)}</title>'
+    if shape == "circle":
+        return f'<circle cx="{_n(x)}" cy="{_n(y)}" r="5"{common}</circle>'
+    if shape == "square":
+        return f'<rect x="{_n(x - 4.5)}" y="{_n(y - 4.5)}" width="9" height="9"{common}</rect>'
+    pts = [(x, y - 6), (x + 6, y), (x, y + 6), (x - 6, y)] if shape == "diamond" else \
+        [(x, y - 6), (x + 6, y + 5), (x - 6, y + 5)]
+    return f'<polygon points="{" ".join(f"{_n(a)},{_n(b)}" for a, b in pts)}"{common}</polygon>'
+
+
+def frontier_svg(doc: dict[str, Any], width: int = 1000, height: int = 460) -> str:
+    """Step curve of makespan against GiB per GPU, the band down to each point's proven bound, the
+    peers as hollow markers (hover: name and figures); each point is a link to its plan page."""
+    points = sorted(doc["points"], key=lambda p: p["factor"])
+    peers = doc.get("peers", [])
+    xs = [p["budget_mib"] / GIB for p in points]
+    x_hi = max(xs + [q["budget_mib"] / GIB for q in peers]) * 1.03
+    x_lo = min(xs) * 0.97
+    ms = [p["makespan_ms"] for p in points]
+    lb = [p["bound_ms"] for p in points]
+    y_hi = min(max(ms + [q["makespan_ms"] for q in peers]), max(ms) * 1.6) * 1.03
+    y_lo = min(lb) * 0.97
+    left, right, top, bottom = 70, 20, 20, 42
+    cw, ch = width - left - right, height - top - bottom
+
+    def x_of(v: float) -> float:
+        return left + (v - x_lo) / (x_hi - x_lo) * cw
+
+    def y_of(v: float) -> float:
+        return top + ch - (min(v, y_hi) - y_lo) / (y_hi - y_lo) * ch
+
+    parts = [f'<svg class="frontier" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
+             f' viewBox="0 0 {width} {height}" role="img" aria-label="Time-memory frontier">']
+    ystep, xstep = nice_step(y_hi - y_lo, 6), nice_step(x_hi - x_lo, 8)
+    for v in _ticks(y_lo, y_hi, 6):
+        y = _n(y_of(v))
+        parts.append(f'<line class="grid" x1="{left}" x2="{left + cw}" y1="{y}" y2="{y}"/>'
+                     f'<text class="ytick" x="{left - 6}" y="{_n(y_of(v) + 4)}" text-anchor="end">'
+                     f'{_tick_label(v, ystep)}</text>')
+    for v in _ticks(x_lo, x_hi, 8):
+        parts.append(f'<text class="tick" x="{_n(x_of(v))}" y="{height - 24}">{_tick_label(v, xstep)}</text>')
+    parts.append(f'<text class="unit" x="{left + cw}" y="{height - 6}" text-anchor="end">memory budget per GPU'
+                 f' (GiB, largest device limit)</text><text class="unit" x="{left - 6}" y="{top - 6}"'
+                 f' text-anchor="end">ms</text>')
+    edges = [x_of(x) for x in xs] + [left + cw]
+    band = [f"M{_n(edges[0])},{_n(y_of(ms[0]))}"]
+    for i in range(len(points)):
+        band.append(f"H{_n(edges[i + 1])}")
+        if i + 1 < len(points):
+            band.append(f"V{_n(y_of(ms[i + 1]))}")
+    for i in range(len(points) - 1, -1, -1):
+        band.append(f"V{_n(y_of(lb[i]))}H{_n(edges[i])}")
+    parts.append(f'<path class="frontier-band" d="{"".join(band)}Z" fill="{BAND}" fill-opacity="0.45"'
+                 f' stroke="none"><title>gap to the proven lower bound</title></path>')
+    step = [f"M{_n(edges[0])},{_n(y_of(ms[0]))}"]
+    for i in range(len(points)):
+        step.append(f"H{_n(edges[i + 1])}" + (f"V{_n(y_of(ms[i + 1]))}" if i + 1 < len(points) else ""))
+    parts.append(f'<path class="frontier-curve" d="{"".join(step)}" fill="none" stroke="{CURVE}"'
+                 f' stroke-width="2.5"/>')
+    shapes: dict[str, str] = {}
+    for q in peers:
+        shape = shapes.setdefault(q["name"], SHAPES[len(shapes) % len(SHAPES)])
+        tip = f'{q["name"]}: {q["makespan_ms"]:.2f} ms at {q["budget_mib"] / GIB:.2f} GiB per GPU ({q["method"]})'
+        parts.append(f'<g class="peer" data-peer="{escape(q["name"], quote=True)}">'
+                     + _marker(shape, x_of(q["budget_mib"] / GIB), y_of(q["makespan_ms"]), tip) + "</g>")
+    for i, p in enumerate(points):
+        tip = (f'point {i + 1}: {p["makespan_ms"]:.2f} ms (bound {p["bound_ms"]:.2f}) at'
+               f' {p["budget_mib"] / GIB:.2f} GiB per GPU, {p.get("method", "")}')
+        parts.append(f'<a class="point" href="/dashboard/plans/{p["problem_key"]}"><circle cx="{_n(edges[i])}"'
+                     f' cy="{_n(y_of(ms[i]))}" r="5.5" fill="{CURVE}"><title>{escape(tip)}</title></circle></a>')
+    lx, ly = left + cw - 250, top + 8
+    parts.append(f'<rect x="{lx}" y="{ly - 6}" width="14" height="10" fill="{BAND}"/><text class="unit"'
+                 f' x="{lx + 20}" y="{ly + 3}">gap to the proven bound</text>'
+                 f'<line x1="{lx}" x2="{lx + 14}" y1="{ly + 19}" y2="{ly + 19}" stroke="{CURVE}" stroke-width="2.5"/>'
+                 f'<text class="unit" x="{lx + 20}" y="{ly + 23}">pipeplan frontier (click a point)</text>')
+    for j, (name, shape) in enumerate(shapes.items()):
+        y = ly + 40 + 16 * j
+        parts.append(_marker(shape, lx + 7, y - 3, name) + f'<text class="unit" x="{lx + 20}" y="{y + 1}">'
+                     f'{escape(name)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+@router.get("/frontiers/{key}", response_class=HTMLResponse, dependencies=gated)
+def frontier_page(request: Request, key: str) -> HTMLResponse:
+    doc = FrontierStore(_repo(request)).curve(key) if len(key) == 64 else None
+    if doc is None:
+        raise HTTPException(404, f"no frontier {key}")
+    rows = sorted(doc["points"], key=lambda p: p["factor"])
+    return templates.TemplateResponse(request, "dashboard/frontier.html", _ctx(
+        request, key=key, doc=doc, points=rows, svg=frontier_svg(doc), gib=GIB,
+        dominated=sum(1 for d in doc["dominance"] if d["dominated"]), dominance=doc["dominance"]))
+
+
+def frontiers_of(repo, key: str) -> list[str]:
+    """The frontiers a plan's key is a point of (the plan page links to them)."""
+    try:
+        return FrontierStore(repo).frontiers_of(key)
+    except Exception:  # noqa: BLE001 - an old schema without the table: no link, the page still renders
+        return []
