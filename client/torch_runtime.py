@@ -224,10 +224,12 @@ class PlanExecutor:
     """Carries out one rank's OFFLOAD/RELOAD/RECOMPUTE around torch's compute actions.
 
     `emulation` (CPU only) pads every op to the duration it gives; `trace` records every op's
-    measured start, end and memory (see `client.tracing`).
+    measured start, end and memory (see `client.tracing`). `synchronous_copies` runs the copies
+    inline on the compute thread (CPU), the old behaviour, to measure what overlap saves.
     """
 
-    def __init__(self, stages: list, rank: int, *, emulation: Emulation | None = None, trace: bool = False):
+    def __init__(self, stages: list, rank: int, *, emulation: Emulation | None = None, trace: bool = False,
+                 synchronous_copies: bool = False):
         self.rank = rank
         self.stages = {s.stage_index: s for s in stages}
         self.device = torch.device(getattr(stages[0], "device", "cpu"))
@@ -247,8 +249,9 @@ class PlanExecutor:
         self._held = 0
         self._held_lock = threading.Lock()
         # CPU: a worker thread per lane; CUDA: issued from this thread onto a stream per lane
-        self.d2h = OrderedLane("d2h", threaded=not self.cuda)
-        self.h2d = OrderedLane("h2d", threaded=not self.cuda)
+        threaded = not self.cuda and not synchronous_copies
+        self.d2h = OrderedLane("d2h", threaded=threaded)
+        self.h2d = OrderedLane("h2d", threaded=threaded)
         self._streams: dict[str, Any] = {}
         if self.cuda:  # CUDA only: dedicated copy streams
             self._streams = {"d2h": torch.cuda.Stream(self.device), "h2d": torch.cuda.Stream(self.device)}
@@ -457,7 +460,7 @@ class PlanExecutor:
     def _wait_copy(self, job: CopyJob | None, what: str) -> None:
         if job is None:
             raise RuntimeError(f"rank {self.rank}: {what} was never issued")
-        if self.cuda and not job.done.is_set():  # CUDA lanes issue in this thread: nothing else will
+        if not self.d2h.threaded and not job.done.is_set():  # issued in this thread: nothing else will
             raise RuntimeError(f"rank {self.rank}: {what} is not issued yet; the plan's copy-lane order"
                                " does not match its compute order")
         job.wait()
@@ -738,7 +741,7 @@ def _barrier() -> None:
 
 def build_schedule(problem: Problem, plan: Plan, stages: list, loss_fn: Callable | None,
                    *, scale_grads: bool = True, trace: bool = False,
-                   emulation: Emulation | None = None) -> PlannedSchedule:
+                   emulation: Emulation | None = None, synchronous_copies: bool = False) -> PlannedSchedule:
     """torch's `_PipelineScheduleRuntime` running `plan` on this rank's `stages`.
 
     `stages` are this rank's `PipelineStage`s (the plan's stages on device = this rank). The compute
@@ -754,7 +757,8 @@ def build_schedule(problem: Problem, plan: Plan, stages: list, loss_fn: Callable
         raise ValueError(f"the model has {stages[0].num_stages} stages; the problem has {problem.num_stages}")
     schedule = _PipelineScheduleRuntime(stages=stages, n_microbatches=problem.num_microbatches,
                                         loss_fn=loss_fn, scale_grads=scale_grads)
-    executor = PlanExecutor(stages, rank, emulation=emulation, trace=trace)
+    executor = PlanExecutor(stages, rank, emulation=emulation, trace=trace,
+                            synchronous_copies=synchronous_copies)
     executor.load(plan)
     _load_csv_text(schedule, torch_csv(problem, plan))
     return PlannedSchedule(schedule, executor, problem, plan)

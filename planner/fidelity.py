@@ -110,7 +110,7 @@ def critical_path(problem: Problem, plan: Plan, trace: Trace) -> list[PathStep]:
     for d in trace.devices:
         lanes: dict[Any, list[TraceOp]] = {}
         for op in d.ops:
-            if op.kind in planned_at:
+            if (op.kind, op.stage, op.mb) in planned_at:
                 lanes.setdefault(lane_of(Kind(op.kind)), []).append(op)
         for ops in lanes.values():
             ops.sort(key=lambda o: o.start_ms)
@@ -216,3 +216,41 @@ def retime(problem: Problem, plan: Plan) -> float:
     from .simulator import schedule_from_plan, simulate
 
     return simulate(problem, schedule_from_plan(plan)).makespan
+
+
+def synchronous_copies_makespan(problem: Problem, plan: Plan) -> float:
+    """The makespan `plan` would have if its copies ran inline on compute (no overlap).
+
+    Each OFFLOAD runs right after its F and before the next compute op; each RELOAD right before
+    the compute op that was running when the plan starts it (after the F when that op is its own
+    F) — where a runtime without copy lanes issues them. The difference from `plan.makespan_ms` is
+    the overlap the plan counts on.
+    """
+    from .simulator import Gate, schedule_from_plan, simulate
+
+    schedule = schedule_from_plan(plan)
+    gates = []
+    for dp in plan.devices:
+        ops = sorted(dp.ops, key=lambda p: p.start_ms)
+        compute = [_op(p.kind, p.stage, p.mb) for p in ops if Kind(p.kind) in COMPUTE_KINDS]
+        starts = [p.start_ms for p in ops if Kind(p.kind) in COMPUTE_KINDS]
+        position = {op: n for n, op in enumerate(compute)}
+        chain: dict[int, list[Op]] = {}  # copies issued after compute op n, in issue order
+        for p in ops:
+            kind = Kind(p.kind)
+            if kind is Kind.OFFLOAD:
+                chain.setdefault(position[_op("F", p.stage, p.mb)], []).append(_op(p.kind, p.stage, p.mb))
+            elif kind is Kind.RELOAD:
+                running = max((n for n, s in enumerate(starts) if s <= p.start_ms + 1e-9), default=0)
+                own_f = compute[running] == _op("F", p.stage, p.mb)
+                chain.setdefault(running if own_f else running - 1, []).append(_op(p.kind, p.stage, p.mb))
+        for n, copies in chain.items():
+            previous = compute[n] if n >= 0 else None
+            for copy in copies:
+                if previous is not None:
+                    gates.append(Gate(copy, previous, at_end=True))
+                previous = copy
+            if n + 1 < len(compute):
+                gates.append(Gate(compute[n + 1], previous, at_end=True))
+    schedule.gates = [g for g in schedule.gates if g.op.kind is not Kind.RELOAD] + gates
+    return simulate(problem, schedule).makespan

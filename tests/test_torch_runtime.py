@@ -86,3 +86,52 @@ def test_planned_offload_and_recompute_match_reference_across_swaps_and_placemen
     reports = spawn(jobs, str(tmp_path))
     for (problem, plans), report in zip(jobs, reports):
         check_run(problem, plans, report)
+
+
+@pytest.mark.integration
+def test_emulated_runs_hold_the_prediction_overlap_copies_and_calibrate_a_slow_stage():
+    """One process start, four emulated-time jobs on 4 gloo ranks (20-ms ops):
+
+    - a 1F1B-like plan: measured iteration within 15% of predicted (the bench's target is 5%);
+    - an offload plan whose copies the plan hides behind compute, run with copy lanes and with
+      synchronous copies: the lanes finish near the prediction, synchronous copies later by about
+      the overlap the plan counts on (planner.fidelity.synchronous_copies_makespan);
+    - the 1F1B plan on hardware whose stage 2 is twice as slow: the trace names stage 2's error and
+      the calibrated problem carries the measured costs (stage 2 about 2x, the others about 1x).
+    """
+    from client.emulated_pipeline import Job, run_emulated
+    from planner.fidelity import calibrated_problem, fidelity, synchronous_copies_makespan
+    from planner.trace import check_trace
+    from torch_ranks import emulated_problem, slowed
+
+    problem = emulated_problem()
+    plain = planned(problem, offload=set(), recompute=set())
+    offload = planned(problem, offload={(0, i) for i in range(problem.num_microbatches)}, recompute=set())
+    sync_predicted = synchronous_copies_makespan(problem, offload)
+    overlap = sync_predicted - offload.makespan_ms
+    assert overlap > 100.0, "the test plan must count on overlap"
+    slow = slowed(problem, 2, 2.0)
+    traces = run_emulated([Job(problem, plain), Job(problem, offload), Job(problem, offload, synchronous_copies=True),
+                           Job(problem, plain, costs=slow)], iterations=2, warmup=1)
+    measured = [min(t.makespan_ms for t in job) for job in traces]
+    for plan, job in zip([plain, offload, offload, plain], traces):
+        for trace in job:
+            assert check_trace(problem, plan, trace) == []
+    assert abs(measured[0] - plain.makespan_ms) <= 0.15 * plain.makespan_ms, (measured[0], plain.makespan_ms)
+    assert abs(measured[1] - offload.makespan_ms) <= 0.15 * offload.makespan_ms, (measured[1], offload.makespan_ms)
+    saved = measured[2] - measured[1]
+    assert 0.6 * overlap <= saved <= 1.4 * overlap, (saved, overlap)
+    # copies ran on their lanes while compute went on: some OFFLOAD overlaps an F on device 0
+    device0 = next(d for d in traces[1][0].devices if d.device == 0)
+    copies = [o for o in device0.ops if o.kind == "OFFLOAD"]
+    computes = [o for o in device0.ops if o.kind == "F"]
+    assert any(c.start_ms < f.end_ms - 5 and f.start_ms < c.end_ms - 5 for c in copies for f in computes)
+
+    report = fidelity(problem, plain, traces[3][-1])
+    assert report.by_stage[2].error_pct > 70 and all(abs(report.by_stage[k].error_pct) < 25 for k in (0, 1, 3))
+    calibrated = calibrated_problem(problem, traces[3])
+    assert calibrated.key() != problem.key()
+    assert calibrated.metadata["calibrated_from"]["problem_key"] == problem.key()
+    for k, stage in enumerate(calibrated.stages):
+        want = 40.0 if k == 2 else 20.0
+        assert abs(stage.forward_ms - want) <= 0.2 * want, (k, stage.forward_ms)

@@ -209,3 +209,26 @@ def spawn(jobs: list[tuple[Problem, list[Plan]]], out_dir: str, steps_per_plan: 
     mp.spawn(run_rank, nprocs=world, args=(world, free_port(), payload, out_dir, steps_per_plan), join=True)
     per_rank = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
     return [[per_rank[r][j] for r in range(world)] for j in range(len(jobs))]
+
+
+def emulated_problem(m: int = 8, unit_ms: float = 20.0, copy_ms: float = 20.0, p2p_ms: float = 1.0) -> Problem:
+    """4 devices, uniform stages whose ops take `unit_ms` (copies `copy_ms`) in emulated time.
+
+    20-ms ops keep the runtime's own overhead between ops (about 0.5 ms per op on a loaded 2-core
+    machine) small against the op; 1 ms is the gloo link latency measured there."""
+    doc = problem_for(4, m).model_dump(mode="json")
+    for s in doc["stages"]:
+        for name in ("forward_ms", "backward_input_ms", "backward_weight_ms", "recompute_ms"):
+            s[name] = unit_ms
+        s["offload_ms"] = s["reload_ms"] = copy_ms
+    doc["p2p_ms"] = p2p_ms
+    return Problem.model_validate(doc)
+
+
+def slowed(problem: Problem, stage: int, factor: float) -> Problem:
+    """`problem` with one stage's compute `factor` times slower (emulated hardware, not planned)."""
+    doc = problem.model_dump(mode="json")
+    s = doc["stages"][stage]
+    for name in ("forward_ms", "backward_input_ms", "backward_weight_ms", "recompute_ms"):
+        s[name] *= factor
+    return Problem.model_validate(doc)
