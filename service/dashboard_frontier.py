@@ -96,10 +96,10 @@ def frontier_svg(doc: dict[str, Any], width: int = 1000, height: int = 460) -> s
     parts.append(f'<rect x="{lx}" y="{ly - 6}" width="14" height="10" fill="{BAND}"/><text class="unit"'
                  f' x="{lx + 20}" y="{ly + 3}">gap to the proven bound</text>'
                  f'<line x1="{lx}" x2="{lx + 14}" y1="{ly + 19}" y2="{ly + 19}" stroke="{CURVE}" stroke-width="2.5"/>'
-                 f'<text class="unit" x="{lx + 20}" y="{ly + 23}">pipeplan frontier (click a point)</text>')
+                 f'<text class="unit" style="text-anchor:start" x="{lx + 20}" y="{ly + 23}">pipeplan frontier (click a point)</text>')
     for j, (name, shape) in enumerate(shapes.items()):
         y = ly + 40 + 16 * j
-        parts.append(_marker(shape, lx + 7, y - 3, name) + f'<text class="unit" x="{lx + 20}" y="{y + 1}">'
+        parts.append(_marker(shape, lx + 7, y - 3, name) + f'<text class="unit" style="text-anchor:start" x="{lx + 20}" y="{y + 1}">'
                      f'{escape(name)}</text>')
     parts.append("</svg>")
     return "".join(parts)
