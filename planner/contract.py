@@ -32,6 +32,11 @@ class Limits(BaseModel):
     max_ops: int = 400_000
     max_duration_ms: float = 1e7
     max_memory_mib: float = 1e9
+    # model specs: checked on the raw document before conversion (costmodel.check_spec_size), so a
+    # 400-byte spec cannot ask for ten million layers; "auto" partition searches are capped apart
+    # because each candidate costs a heuristic run over all ops
+    max_layers: int = 4096
+    max_auto_ops: int = 16_384
 
 
 DEFAULT_LIMITS = Limits()
@@ -232,6 +237,8 @@ class Problem(BaseModel):
         for name, value, cap in checks:
             if value > cap:
                 raise ValueError(f"{name}: {value} exceeds the limit {cap}")
+        if self.p2p_ms > limits.max_duration_ms:
+            raise ValueError(f"p2p_ms: {self.p2p_ms} exceeds the limit {limits.max_duration_ms}")
         ops = 4 * self.num_stages * self.num_microbatches
         if ops > limits.max_ops:
             raise ValueError(f"stages x num_microbatches: up to {ops} ops exceeds the limit {limits.max_ops}")

@@ -68,7 +68,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .contract import PROBLEM_FORMAT, Device, Options, Problem, Stage
+from .contract import DEFAULT_LIMITS, PROBLEM_FORMAT, Device, Limits, Options, Problem, Stage
 
 MIB = 2.0**20
 GIB = 2.0**30
@@ -676,7 +676,56 @@ def is_problem_document(doc: Any) -> bool:
     return isinstance(doc, dict) and (doc.get("format") == PROBLEM_FORMAT or "stages" in doc)
 
 
-def problem_from_document(doc: dict) -> Problem:
+def _int(value: Any) -> int | None:
+    """An integer field's value when it is one (anything else is left to the model's validation)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def spec_layer_count(model: Any) -> int:
+    """Blocks a raw `model` dict asks for (layers, pattern or stack counts), without building them."""
+    if not isinstance(model, dict):
+        return 0
+    n = len(model["pattern"]) if isinstance(model.get("pattern"), str) else 0
+    stack = model.get("stack")
+    if isinstance(stack, list):
+        n = max(n, sum(max(1, _int(g.get("count", 1)) or 1) for g in stack if isinstance(g, dict)))
+    return max(n, _int(model.get("layers")) or 0) + max(0, _int(model.get("mtp_heads")) or 0)
+
+
+def check_spec_size(doc: Any, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Raise ValueError naming the field when a raw spec document asks for more than `limits` allow.
+
+    Runs on the dict before any validation: Spec validation builds every layer (ten million layers
+    took 14 GB) and an "auto" partition runs a search, so the sizes are checked first, in microseconds.
+    """
+    if not isinstance(doc, dict):
+        return
+    model = doc.get("model") if isinstance(doc.get("model"), dict) else {}
+    training = doc.get("training") if isinstance(doc.get("training"), dict) else {}
+    layers = spec_layer_count(model)
+    if layers > limits.max_layers:
+        field = next((f for f in ("layers", "pattern", "stack") if model.get(f) is not None), "layers")
+        raise ValueError(f"model.{field}: {layers} layers exceed the limit {limits.max_layers}")
+    devices = _int(training.get("devices")) or 1
+    microbatches = _int(training.get("microbatches")) or 1
+    chunks = _int(training.get("chunks")) or (2 if training.get("placement") == "v" else 1)
+    for name, value, cap in (("devices", devices, limits.max_devices),
+                             ("microbatches", microbatches, limits.max_microbatches),
+                             ("chunks", chunks, limits.max_stages_per_device)):
+        if value > cap:
+            raise ValueError(f"training.{name}: {value} exceeds the limit {cap}")
+    ops = 4 * devices * max(1, chunks) * microbatches
+    if ops > limits.max_ops:
+        raise ValueError(f"training: devices x chunks x microbatches gives up to {ops} ops, over the"
+                         f" limit {limits.max_ops}")
+    if doc.get("partition") == "auto" and 4 * devices * 2 * microbatches > limits.max_auto_ops:
+        # the search also tries 2 stages per device, so it is sized at chunks = 2
+        raise ValueError(f"partition: \"auto\" searches up to {4 * devices * 2 * microbatches} ops per"
+                         f" candidate at {devices} devices x {microbatches} microbatches, over the limit"
+                         f" {limits.max_auto_ops}; give \"balanced\" or a list of layers per stage")
+
+
+def problem_from_document(doc: dict, limits: Limits | None = None) -> Problem:
     """A problem v1 dict (has "format": "pipeplan.problem/v1" or "stages") or a model spec dict (has
     "model"), detected. Raises ValueError or pydantic's ValidationError naming the field."""
     if not isinstance(doc, dict):
@@ -684,6 +733,8 @@ def problem_from_document(doc: dict) -> Problem:
     if is_problem_document(doc):
         return Problem.model_validate(doc)
     if "model" in doc or doc.get("format") == SPEC_FORMAT:
+        if limits is not None:  # the service's sizes, before any expensive step
+            check_spec_size(doc, limits)
         return problem_from_spec(Spec.model_validate(doc))
     raise ValueError(
         "document: neither a problem v1 (needs \"format\": \"pipeplan.problem/v1\" or \"stages\") nor a"
@@ -706,6 +757,7 @@ __all__ = [
     "ValidationError",
     "balanced_partition",
     "build_problem",
+    "check_spec_size",
     "is_problem_document",
     "layer_costs",
     "partition_for",

@@ -6,7 +6,6 @@ GET path serves the stored plan bytes as they are, with an ETag per revision.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -15,13 +14,15 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from planner.bounds import MemoryInfeasibleError
-from planner.contract import Problem, error_messages
+from planner.contract import DEFAULT_LIMITS, Limits, Problem
 
 from .errors import MAX_OFFSET, MAX_REVISION, ApiError, reject_nul
+from . import inline
+from .admission import rate_limited
 from .events import job_message, revision_message
 from .models import CANCELLED, JOB_STATES, QUEUED
 from .outcomes import OUTCOMES
@@ -180,94 +181,98 @@ def check_key(key: str) -> str:
 
 
 # -- POST /v1/plans ---------------------------------------------------------------------------------
-def _problem_of(body: PlanRequest, st: ServiceState) -> Problem:
-    if body.problem is not None:
-        return body.problem
-    spec = body.spec or {}
-    memo = hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    cached = st.spec_problems.get(memo)
-    if cached is not None:  # an "auto" partition search takes seconds: do it once per spec
-        return cached
-    problem = _problem_from_spec(spec)
-    if len(st.spec_problems) >= 1024:
-        st.spec_problems.clear()
-    st.spec_problems[memo] = problem
-    return problem
-
-
-def _problem_from_spec(spec: dict[str, Any]) -> Problem:
-    from planner.costmodel import problem_from_document
-
-    try:
-        return problem_from_document(spec)  # "partition": "auto" goes through planner.adaptive
-    except ImportError as exc:
-        raise ApiError(422, "invalid_request",
-                       f"spec.partition: {spec.get('partition')!r} needs {exc.name or 'a module'}, which is"
-                       " not installed") from None
-    except ApiError:
-        raise
-    except MemoryInfeasibleError:
-        raise
-    except ValidationError as exc:
-        lines = [f"spec.{line}" for line in error_messages(exc)]
-        raise ApiError(422, "invalid_request", "; ".join(lines), {"detail": lines}) from None
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ApiError(422, "invalid_request", f"spec: {exc}", {"detail": [f"spec: {exc}"]}) from None
-
-
+# Every size is checked before any expensive step; the first plan is computed in the thread pool
+# only for small problems (bounded by size), else in a killable child process (service.inline).
 def infeasible(exc: MemoryInfeasibleError) -> ApiError:
-    info = exc.to_dict()
-    return ApiError(422, "infeasible", str(exc), info)
+    return inline.infeasible(exc)
+
+
+def _problem_from_spec(spec: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> Problem:
+    """A spec's problem, sizes checked first (for routes that convert in-process, e.g. frontiers)."""
+    inline.check_spec(spec, limits)
+    return inline.problem_from_spec(spec, limits)
+
+
+def _submit_job(body: PlanRequest, st: ServiceState, budget: float) -> dict[str, Any]:
+    s = st.settings
+    job: dict[str, Any] = {"limits": s.limits.model_dump(), "database_url": s.resolved_database_url,
+                           "budget_s": budget, "greedy_s": s.inline_greedy_s}
+    if body.spec is not None:
+        job["spec"] = body.spec
+    else:
+        job["problem"] = body.problem.model_dump_json()
+    return job
 
 
 @router.post("/plans", response_model=PlanEnvelope, status_code=200,
              summary="Submit a problem or model spec; get the best plan now",
              responses={201: {"description": "Cache miss: first plan computed and stored"},
                         422: {"description": "Invalid input or infeasible memory budget"}},
-             dependencies=[Depends(require_write)])
-def submit(body: PlanRequest, request: Request, response: Response) -> PlanEnvelope:
+             dependencies=[Depends(require_write), Depends(rate_limited)])
+async def submit(body: PlanRequest, request: Request, response: Response) -> PlanEnvelope:
     st = state_of(request)
     s = st.settings
     budget = body.time_budget_s if body.time_budget_s is not None else s.default_time_budget_s
     if budget > s.max_time_budget_s:
         raise ApiError(422, "invalid_request",
                        f"time_budget_s: {budget} exceeds the limit {s.max_time_budget_s}")
-    try:
-        problem = _problem_of(body, st)
-    except MemoryInfeasibleError as exc:
-        raise infeasible(exc) from None
-    try:
-        problem.check_limits(s.limits)
-    except ValueError as exc:
-        raise ApiError(422, "too_large", f"problem.{exc}") from None
-    key = problem.key()
-    best = st.repo.best(key)
-    if best is not None:
-        return _envelope(st, key, best, cached=True)
-    with st.lock_for(key):  # callers in this process wait for one inline computation
-        best = st.repo.best(key)
+    key: str | None = None
+    memo = None
+    if body.spec is not None:
+        inline.check_spec(body.spec, s.limits)  # microseconds, before anything is built
+        memo = inline.spec_memo(body.spec)
+        key = st.spec_keys.get(memo)
+    else:
+        inline.check_problem(body.problem, s.limits)
+        key = body.problem.key()
+    if key is not None:
+        best = await st.best(key, fresh=True)
         if best is not None:
-            return _envelope(st, key, best, cached=True)
-        from planner.baselines import best_heuristic
-        from planner.bounds import check_memory_feasible
+            return await run_in_threadpool(_envelope, st, key, best, True)
+    async with st.admission.heavy_slot():
+        if body.problem is not None and inline.ops_of(body.problem) <= s.inline_thread_max_ops:
+            key, created = await run_in_threadpool(_first_in_thread, st, body.problem, key, budget)
+        else:
+            try:
+                result = await inline.run_in_child(_submit_job(body, st, budget), s.inline_timeout_s,
+                                                   request.is_disconnected, s.retry_after_s)
+            except inline.Gone:
+                return Response(status_code=499)  # nobody is listening; the work was stopped
+            key, created = result["key"], result["created"]
+    if memo is not None:
+        if len(st.spec_keys) >= 4096:
+            st.spec_keys.clear()
+        st.spec_keys[memo] = key
+    return await run_in_threadpool(_after_first, st, key, created, response)
 
+
+def _first_in_thread(st: ServiceState, problem: Problem, key: str, budget: float) -> tuple[str, bool]:
+    """A small problem's revision 1 (milliseconds); callers in this process wait for one computation."""
+    with st.lock_for(key):
+        if st.repo.best_revision(key) is not None:
+            return key, False
         try:
-            check_memory_feasible(problem)
-            plan = best_heuristic(problem, problem_key=key)
+            plan = inline.first_plan(problem, key, st.settings.inline_greedy_s)
         except MemoryInfeasibleError as exc:
             raise infeasible(exc) from None
-        revision, created, job = st.repo.store_first(problem, plan, budget, key=key)
+        _, created, _ = st.repo.store_first(problem, plan, budget, key=key)
+        return key, created
+
+
+def _after_first(st: ServiceState, key: str, created: bool, response: Response) -> PlanEnvelope:
+    """Publish and enqueue a new key's refine job; the envelope of its best plan."""
+    job = st.repo.job(key)
+    if created:
         st.metrics.cold_posts.inc()
-        if created:
-            st.events.publish_revision(key, revision)
-            if job.state == QUEUED:
-                try:
-                    st.queue.enqueue(key, job.run_id, job.budget_s)
-                except Exception as exc:  # Redis down: the reconciler enqueues it later from SQL
-                    log.warning("enqueue of %s failed (%s); the reconciler will retry", key[:12], exc)
-            response.status_code = 201
-        best = st.repo.best(key)
-        return _envelope(st, key, best, cached=not created, job=job)
+        st.events.publish_revision(key, 1)
+        if job is not None and job.state == QUEUED:
+            try:
+                st.queue.enqueue(key, job.run_id, job.budget_s)
+            except Exception as exc:  # Redis down: the reconciler enqueues it later from SQL
+                log.warning("enqueue of %s failed (%s); the reconciler will retry", key[:12], exc)
+        response.status_code = 201
+    best = st.repo.best(key)
+    return _envelope(st, key, best, cached=not created, job=job)
 
 
 def _envelope(st: ServiceState, key: str, best: BestPlan, cached: bool, job: JobInfo | None = None) -> PlanEnvelope:
@@ -309,8 +314,9 @@ async def get_plan(
     if best is None:
         raise ApiError(404, "not_found", f"no plan cached for key {key}")
     if min_revision and best.revision < min_revision and wait > 0:
+        st.admission.check_streams()
         deadline = time.monotonic() + min(wait, st.settings.long_poll_max_s)
-        with st.events.subscribe(key) as sub:
+        with st.admission.stream_slot(), st.events.subscribe(key) as sub:
             best = await st.best(key, fresh=True)
             while best.revision < min_revision:
                 left = deadline - time.monotonic()
@@ -348,6 +354,7 @@ async def known_key(key: str, request: Request) -> str:
     check_key(key)
     if await state_of(request).best(key) is None:
         raise ApiError(404, "not_found", f"no plan cached for key {key}")
+    state_of(request).admission.check_streams()  # 503 beyond max_streams, before the stream starts
     return key
 
 
@@ -395,7 +402,7 @@ async def events(key: str, request: Request, after: int | None = Query(None, ge=
             if summary or len(batch) < 100:
                 return
 
-    with st.events.subscribe(key) as sub:  # subscribe first: nothing between replay and live is missed
+    with st.admission.stream_slot(), st.events.subscribe(key) as sub:  # subscribe first: nothing missed
         if start_after is None:
             best = await st.best(key, fresh=True)
             sent = best.revision

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-if TYPE_CHECKING:
-    from .state import ServiceState
+
+class Observed(Protocol):
+    """What the collector reads at scrape time (service.state.ServiceState has it); a protocol, so
+    metrics does not import state and state imports metrics (imports point one way)."""
+
+    queue: Any
+    repo: Any
+    hub: Any
+    admission: Any
 
 
 class Metrics:
@@ -29,7 +36,7 @@ class Metrics:
 class StateCollector:
     """Queue depth, jobs by state and solver improvements, read from the queue and SQL at scrape time."""
 
-    def __init__(self, state: ServiceState):
+    def __init__(self, state: Observed):
         self.state = state
 
     def describe(self):
@@ -61,6 +68,11 @@ class StateCollector:
         delivered = CounterMetricFamily("pipeplan_events_delivered", "Plan events delivered in this process")
         delivered.add_metric([], self.state.hub.delivered)
         yield delivered
+        admission = getattr(self.state, "admission", None)
+        if admission is not None:
+            heavy = GaugeMetricFamily("pipeplan_inline_running", "First plans being computed in this process")
+            heavy.add_metric([], admission.heavy_running)
+            yield heavy
 
 
 class MetricsMiddleware:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from starlette.concurrency import run_in_threadpool
 
 from pipeplan.settings import Settings
-from planner.contract import Problem
 
+from .admission import Admission
 from .db import DbTimeouts, make_engine
 from .events import ALL, EventBus, Hub, LocalPublisher, RedisListener, RedisPublisher
 from .metrics import Metrics
@@ -38,7 +38,8 @@ class ServiceState:
     events: EventBus = None  # type: ignore[assignment]
     listener: RedisListener | None = None
     _cache: dict[str, tuple[BestPlan, float]] = field(default_factory=dict)
-    spec_problems: dict[str, Problem] = field(default_factory=dict)  # spec hash -> problem (API memo)
+    spec_keys: dict[str, str] = field(default_factory=dict)  # spec hash -> problem key (API memo)
+    admission: Admission = None  # type: ignore[assignment]
     _inflight: dict[str, asyncio.Future] = field(default_factory=dict)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _locks: list[threading.Lock] = field(default_factory=lambda: [threading.Lock() for _ in range(64)])
@@ -64,7 +65,11 @@ class ServiceState:
             self.queue = LocalQueue(lambda key, run_id: run_job(ctx, key, run_id), s.embedded_workers)
             ctx.shutdown = self.queue.shutdown
             self.events = EventBus(self.hub, publisher)
+        self.admission = Admission(s)
         self._tasks.append(asyncio.get_running_loop().create_task(self._reconcile_loop()))
+        from .inline import warm_up
+
+        threading.Thread(target=warm_up, name="forkserver-warm-up", daemon=True).start()
 
     async def stop(self) -> None:
         for task in self._tasks:

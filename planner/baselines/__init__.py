@@ -34,6 +34,7 @@ __all__ = [
     "BaselineResult",
     "DoesNotFit",
     "NotApplicable",
+    "baseline_outcome",
     "best_heuristic",
     "compare",
     "is_large",
@@ -81,6 +82,12 @@ def _outcome(problem: Problem, name: str) -> Outcome:
     except KeyError:
         raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(NAMES)}") from None
     return build(problem)
+
+
+def baseline_outcome(problem: Problem, name: str) -> Outcome:
+    """Baseline `name` timed but not yet built into a validated plan: cheap to compare several and
+    build only the kept one (the service's inline first plan). Raises as run_baseline."""
+    return _outcome(problem, name)
 
 
 def run_baseline(problem: Problem, name: str, problem_key: str | None = None) -> Plan:

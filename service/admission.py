@@ -1,0 +1,103 @@
+"""Admission control: how much one API process takes on at once, and what it says beyond that.
+
+Three gates, all sized in the settings object: heavy POSTs (a first plan computed) share a few slots
+and wait at most `admission_wait_s` for one (then 503 with Retry-After); SSE streams and long-polls
+are counted against `max_streams` (503 beyond, instead of letting 13,000 idle streams slow every
+GET); writes may be rate limited per API key, or per client address without keys (429).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+
+from pipeplan.settings import Settings
+
+from .errors import too_many, unavailable
+
+
+class Admission:
+    """The per-process gates. Built in the app's lifespan (the semaphore needs the running loop)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.heavy = asyncio.Semaphore(settings.max_expensive_requests)
+        self.heavy_running = 0
+        self.streams = 0
+        self._buckets: dict[str, tuple[float, float]] = {}  # identity -> (tokens, last refill)
+
+    @contextlib.asynccontextmanager
+    async def heavy_slot(self) -> AsyncIterator[None]:
+        """One of `max_expensive_requests` slots, waited for at most `admission_wait_s`."""
+        try:
+            if self.heavy.locked():  # wait_for with a 0-s timeout would refuse even a free slot
+                await asyncio.wait_for(self.heavy.acquire(), timeout=self.settings.admission_wait_s)
+            else:
+                await self.heavy.acquire()
+        except TimeoutError:
+            raise unavailable(
+                f"the server is computing {self.settings.max_expensive_requests} first plans already;"
+                " retry later", self.settings.retry_after_s) from None
+        self.heavy_running += 1
+        try:
+            yield
+        finally:
+            self.heavy_running -= 1
+            self.heavy.release()
+
+    def check_streams(self) -> None:
+        """503 when `max_streams` SSE streams and long-polls are open (before a stream starts)."""
+        if self.streams >= self.settings.max_streams:
+            raise unavailable(f"{self.streams} event streams are open on this server (the limit); retry later",
+                              self.settings.retry_after_s)
+
+    @contextlib.contextmanager
+    def stream_slot(self):
+        """Count one open SSE stream or long-poll for as long as it lasts."""
+        self.streams += 1
+        try:
+            yield
+        finally:
+            self.streams -= 1
+
+    def check_rate(self, identity: str) -> None:
+        """Token bucket per identity: `write_rate_per_min` tokens a minute, bursts up to that many."""
+        rate = self.settings.write_rate_per_min
+        if rate <= 0:
+            return
+        now = time.monotonic()
+        tokens, last = self._buckets.get(identity, (rate, now))
+        tokens = min(rate, tokens + (now - last) * rate / 60.0)
+        if tokens < 1.0:
+            self._buckets[identity] = (tokens, now)
+            raise too_many(f"more than {rate:g} writes per minute from this client; retry later",
+                           (1.0 - tokens) * 60.0 / rate)
+        if len(self._buckets) > 100_000:  # forget idle clients rather than grow without end
+            self._buckets.clear()
+        self._buckets[identity] = (tokens - 1.0, now)
+
+
+def identity_of(request: Request) -> str:
+    """The API key when one is presented (rate limits follow the key), else the client address."""
+    from .security import _presented_key
+
+    key = _presented_key(request)
+    if key:
+        import hashlib
+
+        return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    return "addr:" + (request.client.host if request.client else "unknown")
+
+
+async def rate_limited(request: Request) -> None:
+    """Dependency for write routes: the per-key rate limit (a no-op when write_rate_per_min is 0)."""
+    request.app.state.pipeplan.admission.check_rate(identity_of(request))
+
+
+async def stream_admitted(request: Request) -> None:
+    """Dependency for SSE and long-poll routes: 503 with Retry-After beyond `max_streams`."""
+    request.app.state.pipeplan.admission.check_streams()

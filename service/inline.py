@@ -1,0 +1,246 @@
+"""A POST's heavy work: spec -> problem, the first plan, revision 1, bounded in time and killable.
+
+The first plan must be out at once at every accepted size, so it is the fastest *cheap* valid plan:
+the classic schedules that fit (1F1B, ZB-H1, interleaved, ZB-V), else the memory-aware greedy seed
+within `inline_greedy_s`, else the serialized schedule (fits any feasible budget); every slower
+heuristic runs in the refine job (planner.solver seeds with all of them).
+
+Small problems (at most `inline_thread_max_ops` ops: milliseconds, bounded by size) run in the API's
+thread pool. Everything else, and every spec (an "auto" partition is a search), runs in a child
+process forked from a preloaded forkserver: it stores revision 1 itself, and the API kills it when
+`inline_timeout_s` passes or the client goes away, so no request can keep a core or gigabytes busy
+after its client left, and the API process' memory does not grow with big plans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import multiprocessing
+import threading
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from planner.bounds import MemoryInfeasibleError, check_memory_feasible
+from planner.contract import Limits, Plan, Problem, error_messages
+
+from .errors import ApiError, unavailable
+
+log = logging.getLogger("pipeplan.inline")
+
+CLASSIC = ("1f1b", "zb-h1", "interleaved-1f1b", "zb-v")
+
+
+# -- the first plan ---------------------------------------------------------------------------------
+def first_plan(problem: Problem, key: str, greedy_s: float = 0.5) -> Plan:
+    """The fastest cheap valid plan (see the module docstring). Raises MemoryInfeasibleError."""
+    from planner.baselines import NotApplicable, baseline_outcome
+    from planner.baselines.classic import serialized_schedule
+    from planner.baselines.common import DoesNotFit, better, evaluate
+    from planner.bounds import lower_bound
+
+    check_memory_feasible(problem)
+    best = None
+    for name in CLASSIC:
+        try:
+            best = better(best, baseline_outcome(problem, name))
+        except (NotApplicable, DoesNotFit):
+            continue
+    if best is None or best.makespan > lower_bound(problem) * (1 + 1e-9):
+        greedy = _greedy_within(problem, greedy_s) if best is None else None
+        best = better(best, greedy)
+    if best is None:
+        best = evaluate(problem, serialized_schedule(problem), "serialized")
+    return best.plan(key)
+
+
+def _greedy_within(problem: Problem, seconds: float):
+    """greedy_outcome's best within `seconds`, else None. It runs in a daemon thread that is left
+    behind when late: greedy goes on until one variant fits, which takes minutes on the largest
+    problems (P=128, M=256: 36 s), and a first plan must not wait for it. Callers in a child process
+    exit right after; in the API's threads only small problems get here (bounded by size)."""
+    from planner.baselines.greedy import greedy_outcome
+
+    if seconds <= 0:
+        return None
+    deadline = time.monotonic() + seconds
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["outcome"] = greedy_outcome(problem, inline=True, keep_going=lambda: time.monotonic() < deadline)
+        except Exception as exc:  # noqa: BLE001 - only a seed; serialized follows
+            log.debug("inline greedy gave no plan: %s", exc)
+
+    thread = threading.Thread(target=run, name="inline-greedy", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return box.get("outcome")
+
+
+# -- spec -> problem ----------------------------------------------------------------------------------
+def spec_memo(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def check_spec(spec: dict[str, Any], limits: Limits) -> None:
+    """Sizes of a raw spec, before anything is built (microseconds)."""
+    from planner.costmodel import check_spec_size
+
+    try:
+        check_spec_size(spec, limits)
+    except ValueError as exc:
+        raise ApiError(422, "too_large", f"spec.{exc}", {"detail": [f"spec.{exc}"]}) from None
+
+
+def problem_from_spec(spec: dict[str, Any], limits: Limits) -> Problem:
+    """The spec's problem; 422 naming the field on any invalid or oversized input."""
+    from planner.costmodel import problem_from_document
+
+    try:
+        problem = problem_from_document(spec, limits)  # "partition": "auto" goes through planner.adaptive
+    except ImportError as exc:
+        raise ApiError(422, "invalid_request",
+                       f"spec.partition: {spec.get('partition')!r} needs {exc.name or 'a module'}, which is"
+                       " not installed") from None
+    except (ApiError, MemoryInfeasibleError):
+        raise
+    except ValidationError as exc:
+        lines = [f"spec.{line}" for line in error_messages(exc)]
+        raise ApiError(422, "invalid_request", "; ".join(lines), {"detail": lines}) from None
+    except (ValueError, TypeError, KeyError, OverflowError) as exc:
+        raise ApiError(422, "invalid_request", f"spec: {exc}", {"detail": [f"spec: {exc}"]}) from None
+    check_problem(problem, limits)
+    return problem
+
+
+def check_problem(problem: Problem, limits: Limits) -> None:
+    try:
+        problem.check_limits(limits)
+    except ValueError as exc:
+        raise ApiError(422, "too_large", f"problem.{exc}") from None
+
+
+def infeasible(exc: MemoryInfeasibleError) -> ApiError:
+    return ApiError(422, "infeasible", str(exc), exc.to_dict())
+
+
+def ops_of(problem: Problem) -> int:
+    return 4 * problem.num_stages * problem.num_microbatches
+
+
+# -- the child process --------------------------------------------------------------------------------
+def revision_one(job: dict[str, Any]) -> dict[str, Any]:
+    """Convert (spec) or parse (problem), plan, store revision 1. Runs in the child; returns
+    {"key", "created"} or {"error": {...}} (exceptions do not cross the pipe well)."""
+    from service.db import make_engine
+    from service.repository import Repository
+
+    try:
+        limits = Limits(**job["limits"])
+        if "spec" in job:
+            problem = problem_from_spec(job["spec"], limits)
+        else:
+            problem = Problem.model_validate_json(job["problem"])
+        key = problem.key()
+        engine = make_engine(job["database_url"], 1)
+        try:
+            repo = Repository(engine)
+            if repo.best_revision(key) is None:
+                plan = first_plan(problem, key, job["greedy_s"])
+                _, created, _ = repo.store_first(problem, plan, job["budget_s"], key=key)
+            else:
+                created = False
+        finally:
+            engine.dispose()
+        return {"key": key, "created": created}
+    except ApiError as exc:
+        return {"error": {"status": exc.status_code, "code": exc.code, "message": exc.detail, "extra": exc.extra}}
+    except MemoryInfeasibleError as exc:
+        err = infeasible(exc)
+        return {"error": {"status": 422, "code": err.code, "message": err.detail, "extra": err.extra}}
+
+
+def _child_main(conn, job: dict[str, Any]) -> None:
+    try:
+        result = revision_one(job)
+    except Exception as exc:  # noqa: BLE001 - reported to the API, which answers 503 and logs once
+        result = {"crash": f"{type(exc).__name__}: {exc}"}
+    conn.send(result)
+    conn.close()
+
+
+_CTX_LOCK = threading.Lock()
+_CTX: Any = None
+
+
+def _context():
+    """The forkserver context, its server preloaded with the planner (a child starts in ~10 ms)."""
+    global _CTX
+    with _CTX_LOCK:
+        if _CTX is None:
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(["service.inline", "planner.baselines", "planner.costmodel",
+                                        "service.repository", "service.db"])
+            _CTX = ctx
+        return _CTX
+
+
+def warm_up() -> None:
+    """Start the forkserver now (about a second of imports) rather than on the first big POST."""
+    proc = _context().Process(target=_noop, daemon=True)
+    proc.start()
+    proc.join(30)
+
+
+def _noop() -> None:
+    return None
+
+
+class Gone(Exception):
+    """The client disconnected while its first plan was computed; the child was killed."""
+
+
+async def run_in_child(job: dict[str, Any], timeout_s: float, is_disconnected, retry_after_s: float) -> dict:
+    """Run revision_one(job) in a fresh child; kill it at `timeout_s` or when the client leaves."""
+    from starlette.concurrency import run_in_threadpool
+
+    ctx = _context()
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child_main, args=(child, job), daemon=True)
+    await run_in_threadpool(proc.start)
+    child.close()
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    loop.add_reader(parent.fileno(), lambda: ready.done() or ready.set_result(None))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ready.done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise unavailable(f"the first plan took longer than {timeout_s:g} s and was stopped; POST"
+                                  " a smaller problem, or retry later", retry_after_s)
+            await asyncio.wait({ready}, timeout=min(0.25, left))
+            if not ready.done() and await is_disconnected():
+                raise Gone()
+        try:
+            result = parent.recv()
+        except EOFError:
+            result = {"crash": f"the planning process exited with code {proc.exitcode}"}
+    finally:
+        loop.remove_reader(parent.fileno())
+        parent.close()
+        if proc.is_alive():
+            proc.kill()
+        await run_in_threadpool(proc.join, 5)
+    if "crash" in result:
+        log.error("first plan failed: %s", result["crash"])
+        raise unavailable("the first plan could not be computed; retry later", retry_after_s)
+    if "error" in result:
+        e = result["error"]
+        raise ApiError(e["status"], e["code"], e["message"], e["extra"])
+    return result
