@@ -78,9 +78,11 @@ SLOW_ON_LARGE = ("adaoffload",)
 
 
 def _seed(problem: Problem, key: str, hint: Plan | None, inc: Incumbent, notes: list[str],
-          stop: threading.Event | None) -> None:
+          stop: threading.Event | None, deadline: float = float("inf")) -> None:
     """Offer the hint and every baseline (planner.baselines) as it is built; the incumbent keeps the
-    best. Equivalent to best_heuristic, but the first fitting plan is out at once."""
+    best. Equivalent to best_heuristic, but the first fitting plan is out at once. Once a plan exists,
+    a stop or the deadline ends the seeding (a spent budget is a normal end: a 20-s refine of a big
+    problem used to seed for 78 s)."""
     if hint is not None:
         h = _adapt_hint(problem, key, hint)
         if h is not None:
@@ -97,7 +99,9 @@ def _seed(problem: Problem, key: str, hint: Plan | None, inc: Incumbent, notes: 
     if any(problem.limit_of(d) != float("inf") for d in range(problem.num_devices)):
         _offer_serialized(problem, key, inc)  # fits any feasible budget, in milliseconds
     for name in names:
-        if stop is not None and stop.is_set() and inc.plan is not None:
+        if inc.plan is not None and ((stop is not None and stop.is_set()) or time.monotonic() >= deadline):
+            if time.monotonic() >= deadline:
+                notes.append(f"seeding ended at the deadline before {name}")
             return
         if large and name in SLOW_ON_LARGE and inc.plan is not None and "serialized" not in inc.plan.method:
             continue
@@ -179,12 +183,15 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
     def proven() -> bool:
         return inc.plan is not None and inc.makespan <= max(lb, memory_lb) + EPS_MS
 
-    seeding = threading.Thread(target=_seed, args=(problem, key, hint, inc, notes, stop), daemon=True)
+    seeding = threading.Thread(target=_seed, args=(problem, key, hint, inc, notes, stop, deadline), daemon=True)
     seeding.start()
-    while seeding.is_alive():  # a big problem's baselines take seconds: keep honouring stop
-        seeding.join(timeout=0.1)
+    while seeding.is_alive():  # a big problem's baselines take seconds: keep honouring stop and the budget
+        seeding.join(timeout=0.05)
         if stopped() and inc.plan is not None:
             notes.append("stopped while seeding")
+            break
+        if time.monotonic() >= deadline and inc.plan is not None:
+            notes.append("budget spent while seeding")  # the thread ends before its next baseline
             break
     seed_method = inc.plan.method if inc.plan else "none"
     scale = scale_for(problem)
@@ -192,9 +199,14 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
     chosen = engine if engine != "auto" else ("auto" if pairs <= LNS_PAIRS else "lns")
     solver_bound: float | None = memory_lb if memory_lb > lb else None
     engine_proved = False
-    if inc.plan is not None and not proven() and not stopped():
-        _widen_greedy(problem, key, inc, lambda: not stopped() and time.monotonic() < deadline - 1.0, notes)
-    if not proven() and not stopped():
+    if inc.plan is not None and not proven() and not stopped() and time.monotonic() < deadline - 1.0:
+        # in a thread joined up to the deadline: one engine run, or validating its plan, can take
+        # seconds on big problems, and a late offer is ignored once the incumbent is closed
+        widen = threading.Thread(target=_widen_greedy, daemon=True, args=(
+            problem, key, inc, lambda: not stopped() and time.monotonic() < deadline - 1.0, notes))
+        widen.start()
+        widen.join(timeout=max(0.0, deadline - time.monotonic()))
+    if not proven() and not stopped() and time.monotonic() < deadline:
         bound, engine_proved = _run_engine(chosen, problem, inc, scale, deadline, stop, workers, seed,
                                            deterministic, notes)
         if bound is not None:

@@ -1,0 +1,20 @@
+"""A refine budget is a budget: seeding (the baselines, the widened greedy) stops at the deadline
+on a big problem, and a spent budget is a normal end ("budget"), not a job killed by RQ."""
+
+from __future__ import annotations
+
+import time
+
+from planner.costmodel import problem_from_document
+from planner.solver import solve
+
+
+def test_seeding_a_big_problem_stops_at_the_deadline():
+    spec = {"model": {"layers": 64, "hidden": 4096, "heads": 32, "vocab": 32000, "seq_len": 4096},
+            "hardware": "H100-80GB", "training": {"devices": 32, "microbatches": 128, "memory_budget_gib": 30}}
+    problem = problem_from_document(spec)  # its baselines alone take well over 10 s on this machine
+    t0 = time.monotonic()
+    result = solve(problem, 2.0, workers=1)
+    took = time.monotonic() - t0
+    assert took <= 2.0 * 1.1 + 0.5, f"a 2-s budget ran {took:.1f} s"
+    assert result.outcome == "budget" and result.plan.makespan_ms > 0
