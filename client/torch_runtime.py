@@ -245,6 +245,8 @@ class PlanExecutor:
         self._before: dict[tuple, list] = {}
         self._after: dict[tuple, list] = {}
         self._d2h_order: list[tuple[int, int]] = []
+        self._backward_kind: dict[tuple[int, int], Kind] = {}
+        self._ran_before: set[tuple] = set()
         self._h2d_order: list[tuple[int, int]] = []
         self._held = 0
         self._held_lock = threading.Lock()
@@ -265,7 +267,8 @@ class PlanExecutor:
         if self._records:
             raise RuntimeError(f"rank {self.rank}: cannot change plans mid-iteration"
                                f" ({len(self._records)} activations still held)")
-        _, self._before, self._after = side_op_positions(plan, self.rank)
+        torch_ops, self._before, self._after = side_op_positions(plan, self.rank)
+        self._backward_kind = {(k, mb): kind for kind, k, mb in torch_ops if kind in (Kind.B, Kind.BW)}
         mine = set(self.stages)
         dp = next(d for d in plan.devices if d.device == self.rank)
         ordered = sorted(dp.ops, key=lambda p: p.start_ms)
@@ -311,7 +314,7 @@ class PlanExecutor:
 
         def forward_one_chunk(fwd_chunk_id: int, *args: Any, **kwargs: Any):
             op = (Kind.F, k, fwd_chunk_id)
-            self._run(self._before.get(op, ()))
+            self._run_before(op)
             self.stats.log.append(f"F({k},{fwd_chunk_id})")
             out = self._timed(Kind.F, k, fwd_chunk_id,
                               lambda: self._forward(k, fwd_chunk_id, forward, args, kwargs))
@@ -320,7 +323,7 @@ class PlanExecutor:
 
         def backward_one_chunk(bwd_chunk_id: int, *args: Any, full_backward: bool = True, **kwargs: Any):
             kind = Kind.BW if full_backward else Kind.B
-            self._run(self._before.get((kind, k, bwd_chunk_id), ()))
+            self._run_before((kind, k, bwd_chunk_id))
             self._ensure_ready(k, bwd_chunk_id, kind)
             self.stats.log.append(f"{kind.value}({k},{bwd_chunk_id})")
             self._timed(kind, k, bwd_chunk_id,
@@ -329,7 +332,7 @@ class PlanExecutor:
                 self._release(k, bwd_chunk_id)
 
         def backward_weight_one_chunk(bwd_chunk_id: int, *args: Any, **kwargs: Any):
-            self._run(self._before.get((Kind.W, k, bwd_chunk_id), ()))
+            self._run_before((Kind.W, k, bwd_chunk_id))
             self._ensure_ready(k, bwd_chunk_id, Kind.W)
             self.stats.log.append(f"W({k},{bwd_chunk_id})")
             self._timed(Kind.W, k, bwd_chunk_id, lambda: backward_weight(bwd_chunk_id, *args, **kwargs))
@@ -550,37 +553,41 @@ class PlanExecutor:
 
     # -- the pipeline's sends and receives -------------------------------------------------------------
     @contextlib.contextmanager
-    def recording_comms(self) -> Iterator[None]:
-        """Record SEND_F/RECV_F/SEND_B/RECV_B around torch's p2p helpers for one step.
+    def around_step(self) -> Iterator[None]:
+        """For one step: run each compute op's planned side ops before torch waits on the op's
+        receive (not after: a RECOMPUTE or RELOAD the plan runs while the input is in flight must not
+        wait for it), and, when tracing, record SEND_F/RECV_F/SEND_B/RECV_B.
 
         A receive runs from when it is posted to when its wait returns; a send from when it is
         issued to when the issue returns (its completion is only awaited at the end of the step).
         """
         recorder = self.recorder
-        if recorder is None:
-            yield
-            return
         pending: list[tuple[str, int, int]] = []
         posted: dict[int, tuple[str, int, int, Any]] = {}
         batch, wait = _schedules._batch_p2p, _schedules._wait_batch_p2p
+        self._ran_before = set()
 
         def batch_p2p(p2p_ops, desc=None):
-            start = recorder.mark()
+            start = recorder.mark() if recorder is not None else None
             works = batch(p2p_ops, desc) if desc is not None else batch(p2p_ops)
             if pending:
                 kind, k, mb = pending.pop()
                 if kind.startswith("SEND"):
-                    recorder.add(kind, k, mb, start, recorder.mark())
+                    if recorder is not None:
+                        recorder.add(kind, k, mb, start, recorder.mark())
                 else:
                     posted[id(works)] = (kind, k, mb, start)
             return works
 
         def wait_batch_p2p(works):
-            wait(works)
             entry = posted.pop(id(works), None)
             if entry is not None:
                 kind, k, mb, start = entry
-                recorder.add(kind, k, mb, start, recorder.mark())
+                consumer = (Kind.F, k, mb) if kind == "RECV_F" else (self._backward_kind.get((k, mb), Kind.B), k, mb)
+                self._run_before(consumer)
+            wait(works)
+            if entry is not None and recorder is not None:
+                recorder.add(entry[0], entry[1], entry[2], entry[3], recorder.mark())
 
         originals = []
         for stage in self.stages.values():
@@ -603,6 +610,12 @@ class PlanExecutor:
                     del stage.__dict__[name]
                 else:
                     setattr(stage, name, own)
+
+    def _run_before(self, op: tuple) -> None:
+        """The side ops planned before compute op `op`, once per iteration."""
+        if op not in self._ran_before:
+            self._ran_before.add(op)
+            self._run(self._before.get(op, ()))
 
 
 def _nothing() -> None:
@@ -651,6 +664,36 @@ def _set_rng_state(state: tuple) -> None:
 
 
 # -- the public entry points -----------------------------------------------------------------------
+class _PlanRuntime(_PipelineScheduleRuntime):
+    """torch's runtime, with losses kept per microbatch: a plan may run the last stage's forwards out
+    of microbatch order (torch appends losses in call order and reads them by microbatch index)."""
+
+    def _maybe_compute_loss(self, stage, output, target_mbs, mb_index, loss_kwargs=None):
+        if stage.is_last and self._loss_fn is not None:
+            loss = self._compute_loss(output, target_mbs[mb_index], loss_kwargs)  # type: ignore[index]
+            self._losses_by_mb()[mb_index] = loss
+
+    def _maybe_get_loss(self, stage, mb_index):
+        if stage.is_last and self._loss_fn is not None:
+            losses = self._losses_by_mb()
+            if mb_index not in losses:
+                raise RuntimeError(f"loss of microbatch {mb_index} is not available (forwards done:"
+                                   f" {sorted(losses)})")
+            return losses[mb_index]
+        return None
+
+    def _update_losses(self, stages, losses):
+        by_mb = self._losses_by_mb()
+        self._internal_losses[:] = [by_mb[i] for i in sorted(by_mb)]
+        by_mb.clear()
+        super()._update_losses(stages, losses)
+
+    def _losses_by_mb(self) -> dict[int, torch.Tensor]:
+        if not hasattr(self, "_pipeplan_losses"):
+            self._pipeplan_losses: dict[int, torch.Tensor] = {}
+        return self._pipeplan_losses
+
+
 def same_shape(a: Problem, b: Problem) -> list[str]:
     """Why a plan of `b` cannot run on stages built for `a` (empty when it can)."""
     out = []
@@ -680,7 +723,7 @@ class PlannedSchedule:
             _barrier()
         executor.begin_iteration()
         try:
-            with executor.recording_comms():
+            with executor.around_step():
                 return self.schedule.step(*args, **kwargs)
         finally:
             executor.end_iteration()
@@ -755,8 +798,8 @@ def build_schedule(problem: Problem, plan: Plan, stages: list, loss_fn: Callable
         raise ValueError(f"rank {rank} holds stages {sorted(have)} but the plan puts {sorted(expected)} here")
     if stages[0].num_stages != problem.num_stages:
         raise ValueError(f"the model has {stages[0].num_stages} stages; the problem has {problem.num_stages}")
-    schedule = _PipelineScheduleRuntime(stages=stages, n_microbatches=problem.num_microbatches,
-                                        loss_fn=loss_fn, scale_grads=scale_grads)
+    schedule = _PlanRuntime(stages=stages, n_microbatches=problem.num_microbatches,
+                            loss_fn=loss_fn, scale_grads=scale_grads)
     executor = PlanExecutor(stages, rank, emulation=emulation, trace=trace,
                             synchronous_copies=synchronous_copies)
     executor.load(plan)

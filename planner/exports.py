@@ -127,3 +127,43 @@ def chrome_trace(problem: Problem, plan: Plan) -> dict[str, Any]:
             "bubble_ratio": plan.bubble_ratio, "peak_memory_mib": plan.peak_memory_mib,
         },
     }
+
+
+_MEASURED_TID = {Lane.COMPUTE: 10, Lane.D2H: 11, Lane.H2D: 12}
+_COMM_TID = 13
+
+
+def chrome_trace_compared(problem: Problem, plan: Plan, trace: Any) -> dict[str, Any]:
+    """The plan's Chrome trace with the measured run beside it (`trace`: a `pipeplan.trace/v1`).
+
+    Each device shows its planned lanes (compute, device->host, host->device) and, below them, the
+    measured ones plus a lane of the pipeline's sends and receives; measured events carry their
+    planned start and end in `args`, so a slice shows how far it drifted.
+    """
+    doc = chrome_trace(problem, plan)
+    events = doc["traceEvents"]
+    planned = {(p.kind, p.stage, p.mb): p for dp in plan.devices for p in dp.ops}
+    origin = min((op.start_ms for d in trace.devices for op in d.ops), default=0.0)
+    for device in trace.devices:
+        pid = device.device
+        names = {**{tid: f"measured {_LANE_NAME[lane]}" for lane, tid in _MEASURED_TID.items()},
+                 _COMM_TID: "measured sends/receives"}
+        for tid, name in names.items():
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                           "args": {"sort_index": tid}})
+        for op in device.ops:
+            comm = op.kind not in Kind.__members__
+            tid = _COMM_TID if comm else _MEASURED_TID[lane_of(Kind(op.kind))]
+            args: dict[str, Any] = {"kind": op.kind, "stage": op.stage, "mb": op.mb,
+                                    "start_ms": op.start_ms - origin, "end_ms": op.end_ms - origin}
+            if (p := planned.get((op.kind, op.stage, op.mb))) is not None:
+                args.update(planned_start_ms=p.start_ms, planned_end_ms=p.end_ms)
+            if op.memory_mib is not None:
+                args["memory_mib"] = op.memory_mib
+            events.append({"ph": "X", "name": f"{op.kind} s{op.stage} mb{op.mb}", "cat": f"measured {op.kind}",
+                           "pid": pid, "tid": tid, "ts": _us(op.start_ms - origin),
+                           "dur": _us(op.end_ms - op.start_ms), "args": args})
+    doc["otherData"].update(measured_makespan_ms=trace.makespan_ms, trace_device_kind=trace.device_kind,
+                            trace_clock=trace.clock)
+    return doc

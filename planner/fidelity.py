@@ -135,7 +135,7 @@ def critical_path(problem: Problem, plan: Plan, trace: Trace) -> list[PathStep]:
         path.append(PathStep(op=f"{key[0]}({key[1]},{key[2]})", device=device_of[key], start_ms=m.start_ms,
                              end_ms=m.end_ms, planned_start_ms=p.start_ms, planned_end_ms=p.end_ms,
                              waited_for=binding[1] if binding else "start",
-                             gap_ms=max(0.0, m.start_ms - binding[0]) if binding else m.start_ms))
+                             gap_ms=max(0.0, m.start_ms - binding[0]) if binding else 0.0))
         key = binding[2] if binding else None
     path.reverse()
     return path
