@@ -74,4 +74,4 @@ def test_worker_without_redis_says_so_in_one_line(tmp_path):
     proc.popen.wait(30)
     out = proc.output().strip()
     assert proc.popen.returncode != 0 and "Traceback" not in out, out
-    assert out.splitlines()[-1].startswith("error: cannot reach Redis at 127.0.0.1:"), out
+    assert out.splitlines()[-1].startswith("error: cannot reach Redis at redis://127.0.0.1:"), out
