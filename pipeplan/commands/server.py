@@ -52,6 +52,9 @@ def serve(
     mode = "redis queue" if settings.redis_url else f"embedded ({settings.embedded_workers} worker thread(s))"
     typer.echo(f"pipeplan: {settings.resolved_database_url.split('@')[-1]} · {mode} · "
                f"http://{settings.host}:{settings.port}", err=True)
+    if settings.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_keys:
+        typer.echo(f"warning: listening on {settings.host} without API keys: anyone who can reach this port can"
+                   " submit work; set PIPEPLAN_API_KEYS", err=True)
     if settings.http_workers > 1:
         if not settings.redis_url:
             fail("PIPEPLAN_HTTP_WORKERS > 1 needs PIPEPLAN_REDIS_URL: processes must share the queue and events")
