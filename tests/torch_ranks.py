@@ -232,3 +232,30 @@ def slowed(problem: Problem, stage: int, factor: float) -> Problem:
     for name in ("forward_ms", "backward_input_ms", "backward_weight_ms", "recompute_ms"):
         s[name] *= factor
     return Problem.model_validate(doc)
+
+
+def tiny_model():
+    """A profiling target for `pipeplan profile`: embedding, 4 MLP blocks, LM head (random init)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(32, 100)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    class Embed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Embedding(100, 32)
+
+        def forward(self, ids):
+            return self.table(ids)
+
+    blocks = [("dense", nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 32))) for _ in range(4)]
+    return [("embedding", Embed())] + blocks + [("lm_head", Head())], torch.randint(0, 100, (4, 16))

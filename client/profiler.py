@@ -1,0 +1,102 @@
+"""Measure a torch model's per-layer F, B (input), W (weight) times and saved-activation bytes.
+
+The result is a `stack` of profiled `LayerGroup`s for a model spec (planner.costmodel): each number
+replaces exactly the estimate it names, so the cost model's other fields (memory of weights and
+optimizer state, links) still apply. Timings: median of `repeats` runs after a warm-up; on CUDA
+between `torch.cuda.synchronize()` calls with CUDA events, on CPU with a monotonic clock.
+
+B and W are measured as torch's split backward computes them: B = gradients of the layer's input
+only, W = gradients of its parameters only (each its own autograd pass over the layer's graph).
+Saved-activation bytes = what autograd saves during the forward (saved-tensor hooks, parameters and
+the layer's input excluded, views of one tensor counted once) plus the output the next layer receives.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+MIB = float(1 << 20)
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
+    if device.type == "cuda":  # CUDA only: events around the work, synchronized
+        def cuda_ms(work: Callable[[], Any]) -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(device)
+            start.record()
+            work()
+            end.record()
+            torch.cuda.synchronize(device)
+            return float(start.elapsed_time(end))
+        return cuda_ms
+
+    def cpu_ms(work: Callable[[], Any]) -> float:
+        started = time.perf_counter()
+        work()
+        return (time.perf_counter() - started) * 1000.0
+    return cpu_ms
+
+
+def profile_layer(layer: nn.Module, x: torch.Tensor, *, repeats: int = 5) -> tuple[dict[str, float], torch.Tensor]:
+    """One layer's profiled numbers for input `x`, and its output (the next layer's input)."""
+    device = x.device
+    timer = _timer(device)
+    params = [p for p in layer.parameters() if p.requires_grad]
+    x = x.detach().requires_grad_(x.is_floating_point())
+
+    saved: dict[tuple[int, int, int], int] = {}
+    resident = {p.untyped_storage().data_ptr() for p in layer.parameters()} | {x.untyped_storage().data_ptr()}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        # views of parameters (a transposed weight) and of the input are not activations; views of
+        # one activation count once
+        if t.untyped_storage().data_ptr() not in resident:
+            saved[(t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())] = t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = layer(x)
+    out_tensor = out[0] if isinstance(out, tuple) else out
+    activation_bytes = sum(saved.values()) + out_tensor.numel() * out_tensor.element_size()
+    grad = torch.randn_like(out_tensor)
+
+    f, b, w = [], [], []
+    for n in range(repeats + 1):
+        holder: dict[str, Any] = {}
+
+        def forward() -> None:
+            o = layer(x)
+            holder["out"] = o[0] if isinstance(o, tuple) else o
+        took_f = timer(forward)
+        took_b = timer(lambda: torch.autograd.grad(holder["out"], [x], grad, retain_graph=True)) \
+            if x.requires_grad else 0.0
+        took_w = timer(lambda: torch.autograd.grad(holder["out"], params, grad)) if params else 0.0
+        if n:  # the first run warms caches and kernels up
+            f.append(took_f), b.append(took_b), w.append(took_w)
+    numbers = {"forward_ms": statistics.median(f), "backward_input_ms": statistics.median(b),
+               "backward_weight_ms": statistics.median(w), "activation_mib": activation_bytes / MIB,
+               "params": float(sum(p.numel() for p in layer.parameters()))}
+    return numbers, out_tensor.detach()
+
+
+def profile_stack(layers: list[tuple[str, nn.Module]], example: torch.Tensor, *, repeats: int = 5
+                  ) -> list[dict[str, Any]]:
+    """Profile `layers` (type, module) in order, feeding each the previous one's output.
+
+    Returns one LayerGroup document per layer (count 1). A layer without an input gradient (the
+    embedding) gets a tiny backward_input_ms, since the spec requires a positive one.
+    """
+    groups = []
+    x = example
+    for kind, layer in layers:
+        numbers, x = profile_layer(layer, x, repeats=repeats)
+        numbers["forward_ms"] = max(numbers["forward_ms"], 1e-4)
+        numbers["backward_input_ms"] = max(numbers["backward_input_ms"], 1e-4)
+        groups.append({"type": kind, "count": 1, **{k: round(v, 6) for k, v in numbers.items()}})
+    return groups

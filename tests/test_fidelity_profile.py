@@ -1,0 +1,46 @@
+"""`pipeplan profile`: a torch model's measured per-layer costs become a spec's stack and a problem."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from typer.testing import CliRunner
+
+from pipeplan.cli import app
+from planner.contract import Problem
+from planner.costmodel import Spec
+
+pytestmark = pytest.mark.torch
+runner = CliRunner()
+
+
+def test_profile_writes_a_spec_with_measured_layers_and_its_problem(tmp_path):
+    base = json.loads(open("examples/specs/llama7b_8xh100.json").read())
+    base["training"]["devices"] = 2
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    args = ["profile", "torch_ranks:tiny_model", "--base", str(tmp_path / "base.json"), "--repeats", "2"]
+    result = runner.invoke(app, args + ["--out", str(tmp_path / "spec.json")])
+    assert result.exit_code == 0, result.output
+    spec = Spec.model_validate_json((tmp_path / "spec.json").read_text())
+    stack = spec.model.stack
+    assert [g.type for g in stack] == ["embedding"] + ["dense"] * 4 + ["lm_head"]
+    dense = stack[1]
+    assert dense.forward_ms > 0 and dense.backward_input_ms > 0 and dense.backward_weight_ms > 0
+    # saved: the first Linear's output and the GELU's output (4x16x128 fp32 each) + the block's output
+    assert dense.activation_mib == pytest.approx((2 * 4 * 16 * 128 + 4 * 16 * 32) * 4 / 2**20, abs=1e-5)
+    assert dense.params == 32 * 128 + 128 + 128 * 32 + 32
+    result = runner.invoke(app, args + ["--problem"])
+    assert result.exit_code == 0, result.output
+    problem = Problem.model_validate_json(result.stdout)
+    assert problem.num_devices == 2
+    total_f = sum(s.forward_ms for s in problem.stages)
+    assert total_f == pytest.approx(sum(g.forward_ms * g.count for g in stack), rel=0.05)
+
+
+def test_profile_names_a_factory_it_cannot_load(tmp_path):
+    result = runner.invoke(app, ["profile", "no_such_module:f", "--base", "examples/specs/llama7b_8xh100.json"])
+    assert result.exit_code == 2 and "cannot load" in result.output
