@@ -37,8 +37,12 @@ def test_profile_writes_a_spec_with_measured_layers_and_its_problem(tmp_path):
     assert result.exit_code == 0, result.output
     problem = Problem.model_validate_json(result.stdout)
     assert problem.num_devices == 2
-    total_f = sum(s.forward_ms for s in problem.stages)
-    assert total_f == pytest.approx(sum(g.forward_ms * g.count for g in stack), rel=0.05)
+    # the profiled numbers, not the formulas, make the stage costs (each run measures anew: the
+    # spec written above is turned into its problem here)
+    from planner.costmodel import problem_from_spec
+
+    from_spec = problem_from_spec(spec)
+    assert sum(s.forward_ms for s in from_spec.stages) == pytest.approx(sum(g.forward_ms for g in stack), rel=1e-3)
 
 
 def test_profile_names_a_factory_it_cannot_load(tmp_path):
