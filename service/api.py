@@ -50,7 +50,8 @@ class PlanRequest(BaseModel):
     problem: Problem | None = Field(None, description="A pipeplan.problem/v1 document.")
     spec: dict[str, Any] | None = Field(
         None, description='A model spec for the cost model; "partition": "auto" picks the stage split.')
-    time_budget_s: float | None = Field(None, gt=0, description="Refine budget (default from settings).")
+    time_budget_s: float | None = Field(None, gt=0, strict=True,  # strict: `true` is not a budget of 1 s
+                                        description="Refine budget (default from settings).")
 
     @model_validator(mode="after")
     def _one_of(self) -> PlanRequest:
@@ -61,7 +62,7 @@ class PlanRequest(BaseModel):
 
 class RefineRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    time_budget_s: float | None = Field(None, gt=0)
+    time_budget_s: float | None = Field(None, gt=0, strict=True)  # strict: `true` is not 1 s
 
 
 JobState = Literal[JOB_STATES]  # type: ignore[valid-type]

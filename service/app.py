@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
@@ -25,9 +25,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeplan.settings import Settings, get_settings
 
-from . import api, frontier_api
-from .metrics import BodyLimitMiddleware, Metrics, MetricsMiddleware, StateCollector
+from . import api, frontier_api, openapi
 from .errors import CatchAllMiddleware, error_responses
+from .metrics import BodyLimitMiddleware, Metrics, MetricsMiddleware, StateCollector
 from .state import ServiceState
 
 log = logging.getLogger("pipeplan.service")
@@ -50,6 +50,11 @@ class Readiness(BaseModel):
 def _validation_lines(exc: RequestValidationError) -> list[str]:
     lines = []
     for err in exc.errors():
+        if err.get("type") == "json_invalid":  # loc is ("body", character offset)
+            at = err.get("loc", ("body", "?"))[-1]
+            reason = (err.get("ctx") or {}).get("error") or "not valid JSON"
+            lines.append(f"body: invalid JSON at character {at}: {reason}")
+            continue
         loc = [str(p) for p in err.get("loc", ()) if p != "body"]
         msg = str(err.get("msg", "")).removeprefix("Value error, ")
         lines.append(f"{'.'.join(loc) or 'body'}: {msg}")
@@ -79,7 +84,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         await state.stop()
 
-    app = FastAPI(title="pipeplan", version="1", description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(title="pipeplan", version="1", description=DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)  # served offline by service.openapi
     app.state.pipeplan = state
     app.include_router(api.router)
     app.include_router(frontier_api.router)  # /v1/frontiers (docs/frontier.md)
@@ -91,9 +97,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
-        code = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
-        return JSONResponse({"error": code, "message": str(exc.detail)}, exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        code = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
+                413: "payload_too_large", 429: "too_many_requests", 503: "unavailable"}.get(exc.status_code, "error")
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:  # Starlette lists only the first matching route's methods
+            headers["Allow"] = openapi.allowed_methods(app, request.scope)
+        return JSONResponse({"error": code, "message": str(exc.detail)}, exc.status_code, headers=headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -151,6 +160,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    home_url = "/docs"
     try:  # the dashboard helper's router, when present
         dashboard = importlib.import_module("service.dashboard")
     except ModuleNotFoundError as exc:
@@ -158,9 +168,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise
     else:
         app.include_router(dashboard.router)
+        home_url = "/dashboard/"
         mount = getattr(dashboard, "mount", None)
         if callable(mount):
             mount(app)
+
+    openapi.install(app)
+
+    @app.get("/", include_in_schema=False)
+    async def home() -> RedirectResponse:
+        """Newcomers land on the dashboard (the API docs when it is not installed)."""
+        return RedirectResponse(home_url, status_code=307)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -193,9 +193,15 @@ def fastest(key: str, request: Request, budget_gib: float = Query(..., gt=0)) ->
     return _point_answer(key, hit.doc)
 
 
+async def _known_frontier(key: str, request: Request) -> str:
+    """Dependency: 404 before the stream starts (raised inside the generator it breaks the response)."""
+    await run_in_threadpool(_curve, state_of(request), key)
+    return key
+
+
 @router.get("/frontiers/{key}/events", response_class=EventSourceResponse,
             summary="Server-sent events: one `curve` event (the whole document) whenever a point improves",
-            dependencies=[Depends(require_read)])
+            dependencies=[Depends(require_read), Depends(_known_frontier)])
 async def frontier_events(key: str, request: Request):
     st = state_of(request)
     doc = await run_in_threadpool(_curve, st, key)
