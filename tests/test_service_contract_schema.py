@@ -52,9 +52,12 @@ def test_schemathesis_finds_nothing(live, tmp_path):
     assert re.search(r"\d+ generated, \d+ passed", report), report[-2000:]
 
 
-def test_docs_work_offline(live):
-    """/docs and /redoc reference only assets this server serves (no CDN), and they are served."""
+def test_docs_work_offline(live, tmp_path):
+    """/docs and /redoc reference only assets this server serves (no CDN), and they are served; `/`
+    leads to the dashboard and the `serve` banner names both."""
     base, _ = live
+    banner = "".join(p.read_text(errors="replace") for p in tmp_path.glob("serve-*.log"))
+    assert f"{base}/dashboard/" in banner and f"{base}/docs" in banner, banner[:600]
     for page in ("/docs", "/redoc"):
         html = httpx.get(base + page, timeout=10)
         assert html.status_code == 200

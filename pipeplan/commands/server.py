@@ -50,8 +50,9 @@ def serve(
         engine.dispose()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     mode = "redis queue" if settings.redis_url else f"embedded ({settings.embedded_workers} worker thread(s))"
-    typer.echo(f"pipeplan: {settings.resolved_database_url.split('@')[-1]} · {mode} · "
-               f"http://{settings.host}:{settings.port}", err=True)
+    base = f"http://{settings.host}:{settings.port}"
+    typer.echo(f"pipeplan: {settings.resolved_database_url.split('@')[-1]} · {mode} · {base}", err=True)
+    typer.echo(f"pipeplan: dashboard {base}/dashboard/ · API docs {base}/docs (ReDoc {base}/redoc)", err=True)
     if settings.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_keys:
         typer.echo(f"warning: listening on {settings.host} without API keys: anyone who can reach this port can"
                    " submit work; set PIPEPLAN_API_KEYS", err=True)
