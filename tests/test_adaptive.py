@@ -112,6 +112,17 @@ def test_cli_plan_writes_problem_and_plan(tmp_path):
     assert validate_plan(problem, plan) == []
 
 
+def test_cli_plan_writes_the_problem_beside_the_plan_by_default(tmp_path):
+    """Without --problem-out the plan would be keyed by a problem nobody has (the chosen partition)."""
+    (tmp_path / "spec.json").write_text(json.dumps(small_doc()))
+    result = CliRunner().invoke(app, ["plan", str(tmp_path / "spec.json"), "--time-limit", "1",
+                                      "--solve-top", "0", "--out", str(tmp_path / "best.json")])
+    assert result.exit_code == 0, result.output
+    problem = Problem.model_validate_json((tmp_path / "best.problem.json").read_text())
+    plan = Plan.model_validate_json((tmp_path / "best.json").read_text())
+    assert validate_plan(problem, plan) == []
+
+
 def test_cli_plan_rejects_bad_specs(tmp_path):
     doc = small_doc()
     doc["model"].pop("heads")

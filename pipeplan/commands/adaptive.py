@@ -15,7 +15,8 @@ def register(app: typer.Typer) -> None:
         time_limit: Annotated[float, typer.Option("--time-limit", help="seconds for search + optimizer")] = 10.0,
         out: Annotated[Path | None, typer.Option("--out", help="plan v1 JSON (default: stdout)")] = None,
         problem_out: Annotated[Path | None, typer.Option(
-            "--problem-out", help="write the chosen problem v1 (partition in metadata)")] = None,
+            "--problem-out", help="the chosen problem v1 (partition in metadata); default with --out:"
+            " beside the plan, as NAME.problem.json")] = None,
         solve_top: Annotated[int, typer.Option("--solve-top", min=0, help="optimize the best N candidates")] = 2,
     ) -> None:
         """Search partition x placement x schedule for SPEC, optimize the best; print the candidate
@@ -50,6 +51,14 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"chosen: {best.label}, {result.plan.makespan_ms:.2f} ms per iteration, peak"
                    f" {max(result.plan.peak_memory_mib):.0f} MiB, partition {best.partition}"
                    f" ({result.elapsed_s:.1f} s)", err=True)
+        # The plan is keyed by the *chosen* problem (its partition), not by the spec: without that
+        # problem nobody can validate, render or export it, so it goes beside the plan by default.
+        if problem_out is None and out is not None:
+            problem_out = out.with_name(f"{out.stem}.problem.json")
         if problem_out is not None:
             write_json(result.problem, problem_out)
+            typer.echo(f"wrote {problem_out}: the problem v1 this plan belongs to", err=True)
+        else:
+            typer.echo("note: the plan's problem v1 is not saved; pass --out or --problem-out to"
+                       " validate, render or export the plan later", err=True)
         write_json(result.plan, out)
