@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from fastapi import Request
 
@@ -49,20 +49,25 @@ class Admission:
             self.heavy_running -= 1
             self.heavy.release()
 
-    def check_streams(self) -> None:
-        """503 when `max_streams` SSE streams and long-polls are open (before a stream starts)."""
+    def open_stream(self) -> None:
+        """Take one of `max_streams` slots, or 503 with Retry-After. Check and count happen together
+        (no await between them), so concurrent requests cannot both take the last slot."""
         if self.streams >= self.settings.max_streams:
             raise unavailable(f"{self.streams} event streams are open on this server (the limit); retry later",
                               self.settings.retry_after_s)
+        self.streams += 1
+
+    def close_stream(self) -> None:
+        self.streams -= 1
 
     @contextlib.contextmanager
-    def stream_slot(self):
-        """Count one open SSE stream or long-poll for as long as it lasts."""
-        self.streams += 1
+    def stream_slot(self) -> Iterator[None]:
+        """One slot for a long-poll, held while it waits (503 when none is free)."""
+        self.open_stream()
         try:
             yield
         finally:
-            self.streams -= 1
+            self.close_stream()
 
     def check_rate(self, identity: str) -> None:
         """Token bucket per identity: `write_rate_per_min` tokens a minute, bursts up to that many."""
@@ -98,6 +103,21 @@ async def rate_limited(request: Request) -> None:
     request.app.state.pipeplan.admission.check_rate(identity_of(request))
 
 
-async def stream_admitted(request: Request) -> None:
-    """Dependency for SSE and long-poll routes: 503 with Retry-After beyond `max_streams`."""
-    request.app.state.pipeplan.admission.check_streams()
+async def stream_admitted(request: Request) -> AsyncIterator[None]:
+    """Dependency (with yield) for SSE routes: one of `max_streams` slots for the stream's whole life.
+
+    A yield dependency is torn down after the response is sent, i.e. after the event generator has
+    ended (client gone, or server shutdown), so the count covers every byte of the stream. Counting
+    inside the generator instead left a window between the check and the count, and a stream whose
+    generator was not started yet was not counted at all. Apps without admission (dashboard-only
+    test apps) are not limited.
+    """
+    admission = getattr(getattr(request.app.state, "pipeplan", None), "admission", None)
+    if admission is None:
+        yield
+        return
+    admission.open_stream()
+    try:
+        yield
+    finally:
+        admission.close_stream()

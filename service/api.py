@@ -22,7 +22,7 @@ from planner.contract import DEFAULT_LIMITS, Limits, Problem
 
 from .errors import MAX_OFFSET, MAX_REVISION, ApiError, reject_nul
 from . import inline
-from .admission import rate_limited
+from .admission import rate_limited, stream_admitted
 from .events import job_message, revision_message
 from .models import CANCELLED, JOB_STATES, QUEUED
 from .outcomes import OUTCOMES
@@ -315,7 +315,6 @@ async def get_plan(
     if best is None:
         raise ApiError(404, "not_found", f"no plan cached for key {key}")
     if min_revision and best.revision < min_revision and wait > 0:
-        st.admission.check_streams()
         deadline = time.monotonic() + min(wait, st.settings.long_poll_max_s)
         with st.admission.stream_slot(), st.events.subscribe(key) as sub:
             best = await st.best(key, fresh=True)
@@ -355,7 +354,6 @@ async def known_key(key: str, request: Request) -> str:
     check_key(key)
     if await state_of(request).best(key) is None:
         raise ApiError(404, "not_found", f"no plan cached for key {key}")
-    state_of(request).admission.check_streams()  # 503 beyond max_streams, before the stream starts
     return key
 
 
@@ -366,7 +364,7 @@ async def known_key(key: str, request: Request) -> str:
             " plan v1 document (`?summary=true`: key, revision, makespan only). `job` events (no id) report"
             " refine job state changes: `{\"state\"}`, and when a run ends also `outcome`, `gap_pct`,"
             " `searched_s`, `run_improvements` and `outcome_text` (see the job object).",
-            dependencies=[Depends(require_read), Depends(known_key)])
+            dependencies=[Depends(require_read), Depends(known_key), Depends(stream_admitted)])
 async def events(key: str, request: Request, after: int | None = Query(None, ge=0, le=MAX_REVISION),
                  summary: bool = False, last_event_id: str | None = Header(None)):
     st = state_of(request)
@@ -403,7 +401,7 @@ async def events(key: str, request: Request, after: int | None = Query(None, ge=
             if summary or len(batch) < 100:
                 return
 
-    with st.admission.stream_slot(), st.events.subscribe(key) as sub:  # subscribe first: nothing missed
+    with st.events.subscribe(key) as sub:  # subscribe first: nothing missed; the slot: stream_admitted
         if start_after is None:
             best = await st.best(key, fresh=True)
             sent = best.revision

@@ -31,6 +31,7 @@ from planner.contract import Plan, Problem
 
 from . import dashboard_data as data
 from . import dashboard_views as views
+from .admission import stream_admitted
 from .errors import MAX_PAGE, MAX_REVISION, reject_nul
 from .models import JOB_STATES
 
@@ -376,7 +377,7 @@ def _snapshot(repo, key: str) -> tuple[int | None, str | None]:
     return repo.best_revision(key), (job.state if job else None)
 
 
-@router.get("/events", response_class=EventSourceResponse, dependencies=gated)
+@router.get("/events", response_class=EventSourceResponse, dependencies=[*gated, Depends(stream_admitted)])
 async def events(request: Request, key: str | None = Query(None, max_length=64),
                  rev: int | None = Query(None, ge=0), state: str | None = Query(None, max_length=20)):
     """Revision and job-state events for one key, or for every key (the overview).

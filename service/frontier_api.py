@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from planner.bounds import MemoryInfeasibleError
 from planner.contract import Plan, Problem
 
+from .admission import stream_admitted
 from .api import _problem_from_spec, check_key, infeasible, state_of
 from .errors import ApiError
 from .events import ALL
@@ -201,7 +202,7 @@ async def _known_frontier(key: str, request: Request) -> str:
 
 @router.get("/frontiers/{key}/events", response_class=EventSourceResponse,
             summary="Server-sent events: one `curve` event (the whole document) whenever a point improves",
-            dependencies=[Depends(require_read), Depends(_known_frontier)])
+            dependencies=[Depends(require_read), Depends(_known_frontier), Depends(stream_admitted)])
 async def frontier_events(key: str, request: Request):
     st = state_of(request)
     doc = await run_in_threadpool(_curve, st, key)

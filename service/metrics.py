@@ -73,6 +73,10 @@ class StateCollector:
             heavy = GaugeMetricFamily("pipeplan_inline_running", "First plans being computed in this process")
             heavy.add_metric([], admission.heavy_running)
             yield heavy
+            streams = GaugeMetricFamily("pipeplan_open_streams", "SSE streams and long-polls holding an"
+                                        " admission slot in this process (limit: max_streams)")
+            streams.add_metric([], admission.streams)
+            yield streams
 
 
 class MetricsMiddleware:
