@@ -104,7 +104,7 @@ def _one_f_one_b(problem: Problem) -> OneF1B:
     try:
         plan = mod.run_baseline(problem, name)
     except getattr(mod, "DoesNotFit", ()) as exc:
-        return OneF1B(None, "1F1B OOM", f"{label} does not fit the memory limit: {exc}")
+        return OneF1B(None, "1F1B OOM", f"{label} {exc.summary(problem)}")
     except getattr(mod, "NotApplicable", ()) as exc:
         return OneF1B(None, "n/a", f"{label} does not apply: {exc}")
     except Exception as exc:  # noqa: BLE001 — a baseline bug must not take the dashboard down

@@ -247,3 +247,12 @@ def test_eager_forwards_reach_the_memory_bound_at_quarter_memory():
     plan = run_baseline(problem, "greedy")
     assert validate_plan(problem, plan) == [] and "eager" in plan.method
     assert plan.makespan_ms == pytest.approx(memory_lower_bound(problem))  # 111.3
+
+
+def test_compare_summarizes_a_schedule_that_does_not_fit_in_one_line():
+    """16 devices over their limit read as the worst one, not 16 clauses."""
+    problem = make_problem(p=16, m=32, limit=800.0)
+    row = next(r for r in compare(problem) if r.name == "1f1b")
+    assert row.plan is None
+    assert row.reason.startswith("does not fit: needs 1.6 GiB on GPU 0 (limit 0.8 GiB; ")
+    assert "more GPUs over" in row.reason and row.reason.count("GPU") == 2

@@ -273,3 +273,14 @@ def test_finished_jobs_say_how_they_ended_with_the_gap(dash_app):
             assert f'class="badge done {outcome}"' in row and texts[outcome] in row, row
             live = client.get(f"/dashboard/plans/{key}/live").text
             assert f'<div class="sub" id="job-note">{texts[outcome]}</div>' in live, live[:3000]
+
+
+def test_vs_1f1b_card_names_the_worst_gpu_not_every_device():
+    """At 16 GPUs the card printed every device's figure (30 lines); it says where 1F1B runs out."""
+    from core_schedules import make_problem
+
+    from service.dashboard_data import compute_one_f_one_b
+
+    card = compute_one_f_one_b(make_problem(p=16, m=32, limit=800.0))
+    assert card.note == "1F1B OOM"
+    assert card.detail.startswith("1F1B needs 1.6 GiB on GPU 0 (limit 0.8 GiB; 7 more GPUs over)")

@@ -114,8 +114,10 @@ def compare(problem: Problem, problem_key: str | None = None) -> list[BaselineRe
     for name in NAMES:
         try:
             out.append(BaselineResult(name, run_baseline(problem, name, key), None))
-        except (NotApplicable, DoesNotFit) as exc:
+        except NotApplicable as exc:
             out.append(BaselineResult(name, None, str(exc)))
+        except DoesNotFit as exc:
+            out.append(BaselineResult(name, None, f"does not fit: {exc.summary(problem)}"))
     return out
 
 

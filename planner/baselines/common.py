@@ -46,6 +46,17 @@ class DoesNotFit(Exception):
         self.needed_mib = needed_mib
         super().__init__(message)
 
+    def summary(self, problem: Problem) -> str:
+        """One line for a page or a table cell: the device most over its limit, "needs 33.5 GiB on
+        GPU 0 (limit 32.0 GiB; 2 more GPUs over)" (the message lists every device: 30 lines at 16)."""
+        over = over_limit(problem, self.needed_mib)
+        if not over:
+            return str(self)
+        d = max(over, key=lambda x: self.needed_mib[x] - problem.limit_of(x))
+        more = f"; {len(over) - 1} more GPU{'s' if len(over) > 2 else ''} over" if len(over) > 1 else ""
+        return (f"needs {self.needed_mib[d] / 1024:.1f} GiB on GPU {d} "
+                f"(limit {problem.limit_of(d) / 1024:.1f} GiB{more})")
+
 
 def backward_ops(problem: Problem, k: int, i: int, split: bool | None = None) -> list[Op]:
     """B then W when splitting (allowed and wanted), else one BW."""
