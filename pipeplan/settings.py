@@ -118,6 +118,9 @@ class Settings(BaseSettings):
     write_rate_per_min: float = Field(
         0.0, ge=0, description="Writes per minute per API key (or client address without keys); 0: no limit."
         " Beyond it: 429 with Retry-After.")
+    gzip_min_bytes: int = Field(
+        1024, ge=0, description="Responses at least this large are gzipped for clients that accept it (below,"
+        " the header overhead and the CPU are not worth it).")
     export_cache_dir: Path | None = Field(
         None, description="Where computed exports (torch CSV, Chrome trace) are kept, gzipped, one file per"
         " revision. Empty: data_dir/exports.")

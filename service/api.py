@@ -6,6 +6,7 @@ GET path serves the stored plan bytes as they are, with an ETag per revision.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -13,6 +14,7 @@ import time
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
@@ -21,7 +23,7 @@ from planner.bounds import MemoryInfeasibleError
 from planner.contract import DEFAULT_LIMITS, Limits, Problem
 
 from .errors import MAX_OFFSET, MAX_REVISION, ApiError, reject_nul
-from . import inline
+from . import exports_cache, inline
 from .admission import rate_limited, stream_admitted
 from .events import job_message, revision_message
 from .models import CANCELLED, JOB_STATES, QUEUED
@@ -498,40 +500,91 @@ def list_plans(
 
 
 # -- exports ------------------------------------------------------------------------------------------
-def _problem_and_plan(st: ServiceState, key: str, revision: int | None):
-    from planner.contract import Plan
+# Built once per revision in a child process and kept gzipped on disk (service.exports_cache).
+_building: dict[str, asyncio.Future] = {}  # cache path -> the build in flight (single flight per file)
 
-    problem = st.repo.get_problem(key)
-    if revision:
-        plan_json = st.repo.revision_plan(key, revision)
+
+async def _export(request: Request, key: str, revision: int | None, kind: str, if_none_match: str | None,
+                  accept_encoding: str | None) -> Response:
+    check_key(key)
+    st = state_of(request)
+    best = await st.best(key)
+    if best is None:
+        raise ApiError(404, "not_found", f"no plan cached for key {key}")
+    revision = revision or best.revision
+    media_type, suffix = exports_cache.KINDS[kind]
+    etag = exports_cache.etag_of(key, revision, kind)
+    headers = {"ETag": etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding",
+               "X-Pipeplan-Revision": str(revision),
+               "Content-Disposition": f'attachment; filename="{key[:12]}-r{revision}{suffix}"'}
+    path = exports_cache.cache_path(st.settings.resolved_export_cache_dir, key, revision, kind)
+    if revision <= best.revision and _etag_matches(if_none_match, etag.removeprefix("W/")):  # weak compare
+        return Response(status_code=304, headers=headers)
+    if path.exists():
+        st.metrics.export_cache.labels(kind, "hit").inc()
     else:
-        best = st.repo.best(key)
-        plan_json = best.plan_json if best else None
-    if problem is None or plan_json is None:
-        raise ApiError(404, "not_found", f"no plan cached for key {key}" + (f" at revision {revision}" if revision else ""))
-    return problem, Plan.model_validate_json(plan_json)
+        await _build_export(st, request, key, revision, kind, path)
+    if "gzip" in (accept_encoding or "").lower():
+        return FileResponse(path, media_type=media_type, headers={**headers, "Content-Encoding": "gzip"})
+    return StreamingResponse(exports_cache.gunzip_chunks(path), media_type=media_type, headers=headers)
+
+
+async def _build_export(st: ServiceState, request: Request, key: str, revision: int, kind: str, path) -> None:
+    """One build per file at a time in this process, in a time-boxed child holding a heavy slot."""
+    pending = _building.get(str(path))
+    if pending is not None:
+        await asyncio.shield(pending)
+        return
+    future: asyncio.Future = asyncio.get_running_loop().create_future()
+    _building[str(path)] = future
+    try:
+        async with st.admission.heavy_slot():
+            job = {"key": key, "revision": revision, "kind": kind, "path": str(path),
+                   "database_url": st.settings.resolved_database_url}
+            await inline.run_in_child(job, st.settings.inline_timeout_s, _never, st.settings.retry_after_s,
+                                      entry=exports_cache.build, what=f"the {kind} export")
+        st.metrics.export_cache.labels(kind, "build").inc()
+        future.set_result(None)
+    except asyncio.CancelledError:
+        future.cancel()
+        raise
+    except Exception as exc:
+        future.set_exception(exc)
+        future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
+        raise
+    finally:
+        _building.pop(str(path), None)
+
+
+async def _never() -> bool:
+    """A finished export serves every later client, so a build goes on when its client leaves."""
+    return False
+
+
+_EXPORT_RESPONSES = {304: {"description": "Not modified (If-None-Match)"},
+                     404: {"description": "Unknown key or revision"}}
 
 
 @router.get("/plans/{key}/export/torch.csv", summary="torch.distributed.pipelining schedule CSV",
-            response_class=Response, dependencies=[Depends(require_read)])
-def export_torch_csv(key: str, request: Request, revision: int | None = Query(None, ge=1, le=MAX_REVISION)) -> Response:
-    check_key(key)
-    from planner.exports import torch_csv
-
-    problem, plan = _problem_and_plan(state_of(request), key, revision)
-    return Response(torch_csv(problem, plan), media_type="text/csv",
-                    headers={"Content-Disposition": f'attachment; filename="{key[:12]}-r{plan.revision}.csv"'})
+            description="Built once per revision and cached; ETag per revision (If-None-Match: 304), gzip with"
+            " `Accept-Encoding: gzip`.",
+            response_class=Response, responses=_EXPORT_RESPONSES, dependencies=[Depends(require_read)])
+async def export_torch_csv(key: str, request: Request,
+                           revision: int | None = Query(None, ge=1, le=MAX_REVISION),
+                           if_none_match: str | None = Header(None),
+                           accept_encoding: str | None = Header(None)) -> Response:
+    return await _export(request, key, revision, "torch.csv", if_none_match, accept_encoding)
 
 
 @router.get("/plans/{key}/export/chrome-trace.json", summary="Chrome / Perfetto trace of the plan",
-            dependencies=[Depends(require_read)])
-def export_chrome_trace(key: str, request: Request, revision: int | None = Query(None, ge=1, le=MAX_REVISION)) -> Response:
-    check_key(key)
-    from planner.exports import chrome_trace
-
-    problem, plan = _problem_and_plan(state_of(request), key, revision)
-    return Response(json.dumps(chrome_trace(problem, plan)), media_type="application/json",
-                    headers={"Content-Disposition": f'attachment; filename="{key[:12]}-r{plan.revision}.trace.json"'})
+            description="Built once per revision and cached; ETag per revision (If-None-Match: 304), gzip with"
+            " `Accept-Encoding: gzip`.",
+            responses=_EXPORT_RESPONSES, dependencies=[Depends(require_read)])
+async def export_chrome_trace(key: str, request: Request,
+                              revision: int | None = Query(None, ge=1, le=MAX_REVISION),
+                              if_none_match: str | None = Header(None),
+                              accept_encoding: str | None = Header(None)) -> Response:
+    return await _export(request, key, revision, "chrome-trace.json", if_none_match, accept_encoding)
 
 
 __all__ = ["router", "ApiError", "revision_message"]

@@ -165,9 +165,9 @@ def revision_one(job: dict[str, Any]) -> dict[str, Any]:
         return {"error": {"status": 422, "code": err.code, "message": err.detail, "extra": err.extra}}
 
 
-def _child_main(conn, job: dict[str, Any]) -> None:
+def _child_main(conn, job: dict[str, Any], entry=None) -> None:
     try:
-        result = revision_one(job)
+        result = (entry or revision_one)(job)
     except Exception as exc:  # noqa: BLE001 - reported to the API, which answers 503 and logs once
         result = {"crash": f"{type(exc).__name__}: {exc}"}
     conn.send(result)
@@ -185,7 +185,8 @@ def _context():
         if _CTX is None:
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(["service.inline", "planner.baselines", "planner.costmodel",
-                                        "service.repository", "service.db"])
+                                        "service.repository", "service.db", "service.exports_cache",
+                                        "planner.exports"])
             _CTX = ctx
         return _CTX
 
@@ -205,13 +206,15 @@ class Gone(Exception):
     """The client disconnected while its first plan was computed; the child was killed."""
 
 
-async def run_in_child(job: dict[str, Any], timeout_s: float, is_disconnected, retry_after_s: float) -> dict:
-    """Run revision_one(job) in a fresh child; kill it at `timeout_s` or when the client leaves."""
+async def run_in_child(job: dict[str, Any], timeout_s: float, is_disconnected, retry_after_s: float,
+                       entry=None, what: str = "the first plan") -> dict:
+    """Run `entry(job)` (default revision_one; a module-level function, it is pickled by name) in a
+    fresh child; kill it at `timeout_s` or when the client leaves."""
     from starlette.concurrency import run_in_threadpool
 
     ctx = _context()
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_main, args=(child, job), daemon=True)
+    proc = ctx.Process(target=_child_main, args=(child, job, entry), daemon=True)
     await run_in_threadpool(proc.start)
     child.close()
     loop = asyncio.get_running_loop()
@@ -222,8 +225,10 @@ async def run_in_child(job: dict[str, Any], timeout_s: float, is_disconnected, r
         while not ready.done():
             left = deadline - time.monotonic()
             if left <= 0:
-                raise unavailable(f"the first plan took longer than {timeout_s:g} s and was stopped; POST"
-                                  " a smaller problem, or retry later", retry_after_s)
+                raise unavailable(f"{what} took longer than {timeout_s:g} s and was stopped; POST"
+                                  " a smaller problem, or retry later" if entry is None else
+                                  f"{what} took longer than {timeout_s:g} s and was stopped; retry later",
+                                  retry_after_s)
             await asyncio.wait({ready}, timeout=min(0.25, left))
             if not ready.done() and await is_disconnected():
                 raise Gone()
@@ -238,8 +243,8 @@ async def run_in_child(job: dict[str, Any], timeout_s: float, is_disconnected, r
             proc.kill()
         await run_in_threadpool(proc.join, 5)
     if "crash" in result:
-        log.error("first plan failed: %s", result["crash"])
-        raise unavailable("the first plan could not be computed; retry later", retry_after_s)
+        log.error("%s failed: %s", what, result["crash"])
+        raise unavailable(f"{what} could not be computed; retry later", retry_after_s)
     if "error" in result:
         e = result["error"]
         raise ApiError(e["status"], e["code"], e["message"], e["extra"])

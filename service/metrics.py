@@ -31,6 +31,8 @@ class Metrics:
         )
         self.cold_posts = Counter("pipeplan_cold_posts", "POSTs that computed a first plan inline",
                                   registry=self.registry)
+        self.export_cache = Counter("pipeplan_export_cache", "Export requests served from the on-disk cache"
+                                    " (hit) or built for it (build)", ["kind", "result"], registry=self.registry)
 
 
 class StateCollector:

@@ -1,0 +1,95 @@
+"""Exports (torch CSV, Chrome trace) computed once per revision, kept gzipped on disk, served cheaply.
+
+A revision never changes, so an export is a pure function of (key, revision, kind): it is built once,
+in a killable child process (service.inline's forkserver; a large plan's trace takes seconds and
+~100 MB that the API process would otherwise keep), written gzipped to
+`export_cache_dir/<key[:2]>/<key>/r<revision>.<kind>.gz` (tmp file + rename: readers never see half a
+file), and from then on every GET streams that file: as is to clients that accept gzip (no CPU at
+all), decompressed in chunks to those that do not. The ETag names the revision, so If-None-Match
+answers 304 from the cached best revision alone.
+
+Why disk, not the database: exports are derived data that can be rebuilt from the stored plan at any
+time, they are 10-100x the size of the plan (a trace of a P=256 plan: tens of MB), and a file can be
+sent in chunks without ever being in memory. Losing the directory costs one rebuild per export;
+each API host keeps its own (in a multi-host deployment each builds an export once).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+KINDS: dict[str, tuple[str, str]] = {  # kind -> (media type, download file suffix)
+    "torch.csv": ("text/csv", ".csv"),
+    "chrome-trace.json": ("application/json", ".trace.json"),
+}
+CHUNK = 256 * 1024
+
+
+def cache_path(root: Path, key: str, revision: int, kind: str) -> Path:
+    return Path(root) / key[:2] / key / f"r{revision}.{kind}.gz"
+
+
+def etag_of(key: str, revision: int, kind: str) -> str:
+    """Weak: the same export goes out gzipped or not (same content, other encoding)."""
+    return f'W/"{key[:32]}-r{revision}-{kind}"'
+
+
+def render(problem: Any, plan: Any, kind: str) -> bytes:
+    """The export's bytes (planner.exports); runs in the child process."""
+    import json
+
+    from planner.exports import chrome_trace, torch_csv
+
+    if kind == "torch.csv":
+        return torch_csv(problem, plan).encode()
+    return json.dumps(chrome_trace(problem, plan), separators=(",", ":")).encode()
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Gzip `data` into `path` via a temporary file in the same directory and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as gz:
+            gz.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def build(job: dict[str, Any]) -> dict[str, Any]:
+    """Child-process entry (service.inline.run_in_child): load the revision, render, store gzipped.
+    Returns {"path", "bytes"} or {"error": {...}} (404 when the revision does not exist)."""
+    from planner.contract import Plan
+
+    from service.db import make_engine
+    from service.repository import Repository
+
+    key, revision, kind = job["key"], job["revision"], job["kind"]
+    engine = make_engine(job["database_url"], 1)
+    try:
+        repo = Repository(engine)
+        problem = repo.get_problem(key)
+        plan_json = repo.revision_plan(key, revision)
+    finally:
+        engine.dispose()
+    if problem is None or plan_json is None:
+        return {"error": {"status": 404, "code": "not_found", "message": f"no revision {revision} for key {key}",
+                          "extra": {}}}
+    data = render(problem, Plan.model_validate_json(plan_json), kind)
+    path = Path(job["path"])
+    write_atomically(path, data)
+    return {"path": str(path), "bytes": len(data)}
+
+
+def gunzip_chunks(path: Path) -> Iterator[bytes]:
+    """The file decompressed, CHUNK bytes at a time (for clients without gzip): memory stays flat."""
+    with gzip.open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            yield chunk
