@@ -136,3 +136,27 @@ class FrontierPointRow(Base):
     idx: Mapped[int] = mapped_column(Integer, primary_key=True)
     factor: Mapped[float] = mapped_column(Float)
     point_key: Mapped[str] = mapped_column(ForeignKey("problems.key", ondelete="CASCADE"), index=True)
+
+
+class TraceRow(Base):
+    """One measured iteration of a plan (`pipeplan.trace/v1`, docs/trace.md) and what it yielded.
+
+    `calibrated_key` links the trace to the calibrated problem derived from it (its own key; why a
+    column and not a link table: migrations/versions/0004_plan_traces.py). The document is kept as
+    posted (normalized JSON) so `pipeplan fidelity` can be run on it later.
+    """
+
+    __tablename__ = "plan_traces"
+    __table_args__ = (UniqueConstraint("problem_key", "digest", name="uq_plan_traces_key_digest"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    problem_key: Mapped[str] = mapped_column(ForeignKey("problems.key", ondelete="CASCADE"))
+    revision: Mapped[int] = mapped_column(Integer)  # the plan revision that ran
+    digest: Mapped[str] = mapped_column(String(64))  # sha256 of the document: a retried POST stores it once
+    iteration: Mapped[int] = mapped_column(Integer)
+    device_kind: Mapped[str] = mapped_column(String(16))
+    predicted_ms: Mapped[float] = mapped_column(Float)  # that revision's makespan
+    measured_ms: Mapped[float] = mapped_column(Float)
+    trace: Mapped[str] = mapped_column(Text)
+    calibrated_key: Mapped[str | None] = mapped_column(ForeignKey("problems.key", ondelete="SET NULL"), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -18,7 +18,7 @@ from service import create_app, schema
 from service.db import make_engine
 from service.models import Base
 
-TABLES = {"problems", "plan_revisions", "jobs", "frontiers", "frontier_points"}
+TABLES = {"problems", "plan_revisions", "jobs", "frontiers", "frontier_points", "plan_traces"}
 
 
 def tables(engine) -> set[str]:
