@@ -29,6 +29,7 @@ from .models import (
     JobRow,
     ProblemRow,
     RevisionRow,
+    TraceRow,
     utcnow,
 )
 from .outcomes import OPTIMAL, describe
@@ -458,6 +459,92 @@ class Repository:
         return run_id if res.rowcount == 1 else None
 
 
+@dataclass(frozen=True)
+class TraceInfo:
+    """A stored trace's summary (the document itself: `Repository.trace_document`)."""
+
+    id: int
+    problem_key: str
+    revision: int
+    iteration: int
+    device_kind: str
+    predicted_ms: float
+    measured_ms: float
+    calibrated_key: str | None
+    created_at: datetime | None
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.measured_ms - self.predicted_ms) / self.predicted_ms if self.predicted_ms else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        d["error_pct"] = self.error_pct
+        d["created_at"] = _iso(self.created_at)
+        return d
+
+
+_TRACE_COLUMNS = (TraceRow.id, TraceRow.problem_key, TraceRow.revision, TraceRow.iteration, TraceRow.device_kind,
+                  TraceRow.predicted_ms, TraceRow.measured_ms, TraceRow.calibrated_key, TraceRow.created_at)
+
+
+def _trace_info(row: Any) -> TraceInfo:
+    return TraceInfo(*row[:8], _aware(row[8]))
+
+
+class TraceStore:
+    """Measured runs of plans (table `plan_traces`, docs/trace.md): store, list, read back."""
+
+    def __init__(self, repo: Repository):
+        self.repo = repo
+
+    def add(self, key: str, revision: int, digest: str, trace_json: str, *, iteration: int, device_kind: str,
+            predicted_ms: float, measured_ms: float, calibrated_key: str | None) -> tuple[TraceInfo, bool]:
+        """Store a trace unless this key already has one with `digest`. Returns (row, created)."""
+        with self.repo.engine.begin() as conn:
+            res = conn.execute(self.repo._insert_ignore(TraceRow).values(
+                problem_key=key, revision=revision, digest=digest, trace=trace_json, iteration=iteration,
+                device_kind=device_kind, predicted_ms=predicted_ms, measured_ms=measured_ms,
+                calibrated_key=calibrated_key, created_at=utcnow()).returning(TraceRow.id))
+            created = res.scalar() is not None
+            row = conn.execute(select(*_TRACE_COLUMNS).where(TraceRow.problem_key == key,
+                                                              TraceRow.digest == digest)).first()
+        return _trace_info(row), created
+
+    def by_digest(self, key: str, digest: str) -> TraceInfo | None:
+        with self.repo.engine.connect() as conn:
+            row = conn.execute(select(*_TRACE_COLUMNS).where(TraceRow.problem_key == key,
+                                                              TraceRow.digest == digest)).first()
+        return None if row is None else _trace_info(row)
+
+    def listing(self, key: str, limit: int = 100) -> list[TraceInfo]:
+        """The key's traces, newest first."""
+        q = select(*_TRACE_COLUMNS).where(TraceRow.problem_key == key).order_by(TraceRow.id.desc()).limit(limit)
+        with self.repo.engine.connect() as conn:
+            return [_trace_info(r) for r in conn.execute(q).all()]
+
+    def documents(self, key: str, limit: int) -> list[str]:
+        """The newest `limit` trace documents of the key (JSON), newest first."""
+        q = select(TraceRow.trace).where(TraceRow.problem_key == key).order_by(TraceRow.id.desc()).limit(limit)
+        with self.repo.engine.connect() as conn:
+            return list(conn.execute(q).scalars())
+
+    def document(self, key: str, trace_id: int) -> str | None:
+        q = select(TraceRow.trace).where(TraceRow.problem_key == key, TraceRow.id == trace_id)
+        with self.repo.engine.connect() as conn:
+            return conn.execute(q).scalar()
+
+    def summaries(self, keys: list[str]) -> dict[str, tuple[int, TraceInfo]]:
+        """Per key with traces: (how many, the newest) - one query for a dashboard page."""
+        if not keys:
+            return {}
+        newest = (select(TraceRow.problem_key, func.max(TraceRow.id).label("last"), func.count().label("n"))
+                  .where(TraceRow.problem_key.in_(keys)).group_by(TraceRow.problem_key).subquery())
+        q = select(newest.c.n, *_TRACE_COLUMNS).join(newest, TraceRow.id == newest.c.last)
+        with self.repo.engine.connect() as conn:
+            return {r[2]: (r[0], _trace_info(r[1:])) for r in conn.execute(q).all()}
+
+
 def _check_valid(problem: Problem, plan: Plan, key: str) -> None:
     violations = validate_plan(problem, plan.model_copy(update={"problem_key": key}), key)
     if violations:
@@ -469,5 +556,5 @@ def stale_cutoffs(stale_after_s: float, queued_grace_s: float = 3.0) -> tuple[da
     return now - timedelta(seconds=stale_after_s), now - timedelta(seconds=queued_grace_s)
 
 
-__all__ = ["Repository", "BestPlan", "JobInfo", "problem_summary", "stale_cutoffs"]
+__all__ = ["Repository", "BestPlan", "JobInfo", "TraceInfo", "TraceStore", "problem_summary", "stale_cutoffs"]
 
