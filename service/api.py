@@ -199,7 +199,8 @@ def _problem_from_spec(spec: dict[str, Any], limits: Limits = DEFAULT_LIMITS) ->
 def _submit_job(body: PlanRequest, st: ServiceState, budget: float) -> dict[str, Any]:
     s = st.settings
     job: dict[str, Any] = {"limits": s.limits.model_dump(), "database_url": s.resolved_database_url,
-                           "budget_s": budget, "greedy_s": s.inline_greedy_s}
+                           "budget_s": budget, "greedy_s": s.inline_greedy_s,
+                           "greedy_max_s": s.inline_greedy_max_s}
     if body.spec is not None:
         job["spec"] = body.spec
     else:
@@ -255,7 +256,7 @@ def _first_in_thread(st: ServiceState, problem: Problem, key: str, budget: float
         if st.repo.best_revision(key) is not None:
             return key, False
         try:
-            plan = inline.first_plan(problem, key, st.settings.inline_greedy_s)
+            plan = inline.first_plan(problem, key, st.settings.inline_greedy_s, st.settings.inline_greedy_max_s)
         except MemoryInfeasibleError as exc:
             raise infeasible(exc) from None
         _, created, _ = st.repo.store_first(problem, plan, budget, key=key)

@@ -2,7 +2,8 @@
 
 The first plan must be out at once at every accepted size, so it is the fastest *cheap* valid plan:
 the classic schedules that fit (1F1B, ZB-H1, interleaved, ZB-V), else the memory-aware greedy seed
-within `inline_greedy_s`, else the serialized schedule (fits any feasible budget); every slower
+within `inline_greedy_s` (its most promising variant first; past that box, its first fitting variant,
+waited for until `inline_greedy_max_s`), else the serialized schedule (fits any feasible budget); every slower
 heuristic runs in the refine job (planner.solver seeds with all of them).
 
 Small problems (at most `inline_thread_max_ops` ops: milliseconds, bounded by size) run in the API's
@@ -36,7 +37,7 @@ CLASSIC = ("1f1b", "zb-h1", "interleaved-1f1b", "zb-v")
 
 
 # -- the first plan ---------------------------------------------------------------------------------
-def first_plan(problem: Problem, key: str, greedy_s: float = 0.5) -> Plan:
+def first_plan(problem: Problem, key: str, greedy_s: float = 0.5, greedy_max_s: float = 3.0) -> Plan:
     """The fastest cheap valid plan (see the module docstring). Raises MemoryInfeasibleError."""
     from planner.baselines import NotApplicable, baseline_outcome
     from planner.baselines.classic import serialized_schedule
@@ -51,35 +52,81 @@ def first_plan(problem: Problem, key: str, greedy_s: float = 0.5) -> Plan:
         except (NotApplicable, DoesNotFit):
             continue
     if best is None or best.makespan > lower_bound(problem) * (1 + 1e-9):
-        greedy = _greedy_within(problem, greedy_s) if best is None else None
+        greedy = _greedy_within(problem, greedy_s, greedy_max_s) if best is None else None
         best = better(best, greedy)
     if best is None:
         best = evaluate(problem, serialized_schedule(problem), "serialized")
     return best.plan(key)
 
 
-def _greedy_within(problem: Problem, seconds: float):
-    """greedy_outcome's best within `seconds`, else None. It runs in a daemon thread that is left
-    behind when late: greedy goes on until one variant fits, which takes minutes on the largest
-    problems (P=128, M=256: 36 s), and a first plan must not wait for it. Callers in a child process
-    exit right after; in the API's threads only small problems get here (bounded by size)."""
+def _top_variant(problem: Problem):
+    """The greedy's most promising engine variant alone (greedy_tries' first; one engine run,
+    0.15-0.4 s at P=32, M=128), evaluated and validated; None when it does not fit. Run before
+    greedy_outcome, which first re-times its unit-cost patterns (as long again, and they rarely fit
+    when no classic schedule does), so that a memory-aware plan is out in one engine run."""
+    from dataclasses import replace
+
+    from planner.baselines.common import DoesNotFit, evaluate
+    from planner.baselines.greedy import greedy_tries, reducing_treatments, run_engine
+    from planner.simulator import ScheduleError
+
+    treats = reducing_treatments(problem) + [("", None, False)]  # as greedy orders them with no pattern fit
+    for treat_name, treat, eager, name, cfg in greedy_tries(problem, treats)[:1]:
+        schedule = run_engine(problem, replace(cfg, treat=treat, reload_in_turn=True, reserve_after_copies=eager))
+        if schedule is None:
+            return None
+        label = f"greedy({name}{', ' + treat_name if treat_name else ''})"
+        for timing in (None, schedule.engine_timing):  # as greedy_outcome: ASAP re-timing first
+            try:
+                return evaluate(problem, schedule, label, timing)
+            except (DoesNotFit, ScheduleError):
+                continue
+    return None
+
+
+def _greedy_within(problem: Problem, soft_s: float, hard_s: float):
+    """A memory-aware greedy plan: the top variant at once, then greedy_outcome's variants until
+    `soft_s` (it stops between variants); past `soft_s`, whatever is found first is taken, waited for
+    until `hard_s` (then None: the serialized schedule follows). Before, greedy had only `soft_s` (0.5 s)
+    and a loaded machine turned revision 1 of P=32, M=128 into the serialized schedule, ~9x slower.
+
+    The work runs in a daemon thread left behind when late (greedy_outcome goes on until one variant
+    fits, minutes on the largest problems). Callers in a child process exit right after; in the API's
+    threads only small problems get here (bounded by size)."""
+    from planner.baselines.common import better
     from planner.baselines.greedy import greedy_outcome
 
-    if seconds <= 0:
+    if hard_s <= 0:
         return None
-    deadline = time.monotonic() + seconds
+    start = time.monotonic()
+    soft_deadline = start + soft_s
     box: dict[str, Any] = {}
+    found = threading.Event()  # set when a plan is in the box or the thread is over
+    finished = threading.Event()
 
     def run() -> None:
         try:
-            box["outcome"] = greedy_outcome(problem, inline=True, keep_going=lambda: time.monotonic() < deadline)
+            box["top"] = _top_variant(problem)
+            took = time.monotonic() - start
+            if box["top"] is not None:
+                found.set()
+            # greedy_outcome re-times its patterns, then runs variants: about twice the top variant's
+            # time before it can improve on it. Not started when that would outlast the soft box (it
+            # would only hold the GIL while the caller stores revision 1).
+            if box["top"] is None or soft_deadline - time.monotonic() > 2 * took:
+                box["greedy"] = greedy_outcome(problem, inline=True,
+                                               keep_going=lambda: time.monotonic() < soft_deadline)
         except Exception as exc:  # noqa: BLE001 - only a seed; serialized follows
             log.debug("inline greedy gave no plan: %s", exc)
+        finally:
+            finished.set()
+            found.set()
 
-    thread = threading.Thread(target=run, name="inline-greedy", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    return box.get("outcome")
+    threading.Thread(target=run, name="inline-greedy", daemon=True).start()
+    finished.wait(max(0.0, soft_deadline - time.monotonic()))
+    if not found.is_set():
+        found.wait(max(0.0, start + max(hard_s, soft_s) - time.monotonic()))
+    return better(box.get("top"), box.get("greedy"))
 
 
 # -- spec -> problem ----------------------------------------------------------------------------------
@@ -151,7 +198,7 @@ def revision_one(job: dict[str, Any]) -> dict[str, Any]:
         try:
             repo = Repository(engine)
             if repo.best_revision(key) is None:
-                plan = first_plan(problem, key, job["greedy_s"])
+                plan = first_plan(problem, key, job["greedy_s"], job.get("greedy_max_s", 3.0))
                 _, created, _ = repo.store_first(problem, plan, job["budget_s"], key=key)
             else:
                 created = False
