@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from core_schedules import make_problem
+from core_schedules import make_problem, problem_doc
 
 from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, compare, run_baseline
 from planner.baselines.classic import serialized_schedule
 from planner.baselines.common import evaluate, peaks_of
-from planner.baselines.greedy import fractional_treat, slow_copies
+from planner.baselines.greedy import fractional_treat, greedy_outcome, slow_copies
 from planner.baselines.offload import pipeoffload_outcome
 from planner.bounds import MemoryInfeasibleError, lower_bound, min_memory
 from planner.contract import Problem
@@ -256,3 +256,18 @@ def test_compare_summarizes_a_schedule_that_does_not_fit_in_one_line():
     assert row.plan is None
     assert row.reason.startswith("does not fit: needs 1.6 GiB on GPU 0 (limit 0.8 GiB; ")
     assert "more GPUs over" in row.reason and row.reason.count("GPU") == 2
+
+
+def test_last_stage_forward_needs_no_restore_reserve_in_v_placement():
+    """V placement puts the LM head (the last stage) on device 0 beside stage 0. When device 0 barely
+    fits one head activation, reserving room for a stage-0 restore before the head's forward blocked
+    every engine variant and greedy fell back to one microbatch at a time (152 here)."""
+    doc = problem_doc(p=4, m=8, chunks=2, placement="v", recompute=True, weight_grad_mib=50.0,
+                      checkpoint_mib=0.0)
+    doc["stages"][-1].update(activation_mib=400.0, weight_grad_mib=200.0)
+    need = min_memory(Problem.model_validate(doc))
+    for d, dev in enumerate(doc["devices"]):
+        dev["memory_limit_mib"] = need[d] + (20.0 if d == 0 else 300.0)
+    outcome = greedy_outcome(Problem.model_validate(doc), inline=False)
+    assert "serialized" not in outcome.method
+    assert outcome.makespan <= 67.0 + 1e-9
