@@ -12,6 +12,7 @@ read from `app.state.pipeplan` (the service's ServiceState: repository, event hu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import math
 import time
@@ -31,6 +32,7 @@ from planner.contract import Plan, Problem
 
 from . import dashboard_data as data
 from . import dashboard_views as views
+from . import exports_cache
 from .admission import stream_admitted
 from .errors import MAX_PAGE, MAX_REVISION, reject_nul
 from .models import JOB_STATES
@@ -292,8 +294,8 @@ def _live_ctx(request: Request, repo, key: str, problem: Problem, plan: Plan,
                  "bound": views.fmt_ms(p.lower_bound_ms), "method": p.method,
                  "when": views.fmt_age(p.created_at, now)} for p in points]
     best_revision = max((p.revision for p in points), default=plan.revision)
-    pending = not compute_baselines and not BASELINES.tables.contains(key)
-    baselines, note = ([], "") if pending else _baseline_rows(key, problem, plan)
+    pending = not compute_baselines and not _baselines_known(request, key)
+    baselines, note = ([], "") if pending else _baseline_rows(request, key, problem, plan)
     return {"key": key, "plan": plan, "m": metrics, "c": charts, "history": views.history_svg(points),
             "revisions": rev_rows, "best_revision": best_revision, "baselines": baselines, "baselines_note": note,
             "baselines_pending": pending, "chrome_trace_href": f"/v1/plans/{key}/export/chrome-trace.json"}
@@ -306,8 +308,25 @@ def _ratio(baseline_ms: float, this_ms: float) -> str:
     return f"{baseline_ms / this_ms:.2f}× faster" if baseline_ms > this_ms else f"{this_ms / baseline_ms:.2f}× slower"
 
 
-def _baseline_rows(key: str, problem: Problem, plan: Plan) -> tuple[list[dict[str, Any]], str]:
+def _baselines_known(request: Request, key: str) -> bool:
+    """In the process cache, or on disk (then loaded into it): computed once per problem, kept across
+    restarts and shared by this host's API processes (service.exports_cache)."""
+    if BASELINES.tables.contains(key):
+        return True
+    root = getattr(_state_attr(request, "settings"), "resolved_export_cache_dir", None)
+    stored = exports_cache.read_baselines(root, key) if root is not None else None
+    if stored is None:
+        return False
+    BASELINES.tables.put(key, ([data.BaselineRow(**row) for row in stored], ""))
+    return True
+
+
+def _baseline_rows(request: Request, key: str, problem: Problem, plan: Plan) -> tuple[list[dict[str, Any]], str]:
+    computed = not _baselines_known(request, key)
     rows, note = BASELINES.table_of(key, problem)
+    root = getattr(_state_attr(request, "settings"), "resolved_export_cache_dir", None)
+    if computed and rows and not note and root is not None:
+        exports_cache.write_baselines(root, key, [dataclasses.asdict(r) for r in rows])
     entries = [{"name": "this plan", "makespan_ms": plan.makespan_ms,
                 "peak_mib": max(plan.peak_memory_mib, default=0.0), "reason": "", "this": True}]
     entries += [{"name": r.name, "makespan_ms": r.makespan_ms, "peak_mib": r.peak_mib, "reason": r.reason,
@@ -333,7 +352,7 @@ def plan_page(request: Request, key: str, revision: int | None = Query(None, ge=
     problem, plan = _load_plan(repo, key, revision)
     # Baselines take seconds on a 10k-op problem the first time: then the page comes first and
     # fetches the table (and the 1F1B figure) right after; later views have both cached.
-    cached = BASELINES.tables.contains(key)
+    cached = _baselines_known(request, key)
     return templates.TemplateResponse(request, "dashboard/plan.html", _ctx(
         request, summary=views.config_summary(problem), frontiers=dashboard_frontier.frontiers_of(repo, key),
         **_live_ctx(request, repo, key, problem, plan, compute_baselines=cached),
@@ -344,7 +363,7 @@ def plan_page(request: Request, key: str, revision: int | None = Query(None, ge=
 def plan_baselines(request: Request, key: str) -> HTMLResponse:
     """The baselines table (planner.baselines.compare on the key's problem), computed once per key."""
     problem, plan = _load_plan(_repo(request), key)
-    baselines, note = _baseline_rows(key, problem, plan)
+    baselines, note = _baseline_rows(request, key, problem, plan)
     return templates.TemplateResponse(request, "dashboard/_baselines.html",
                                       _ctx(request, baselines=baselines, baselines_note=note))
 
@@ -358,7 +377,7 @@ def plan_live(request: Request, key: str, zoom: int = Query(1, ge=1, le=max(data
     problem, plan = _load_plan(repo, key, revision)
     return templates.TemplateResponse(request, "dashboard/_plan_live.html", _ctx(
         request, **_live_ctx(request, repo, key, problem, plan, zoom=zoom,
-                             compute_baselines=BASELINES.tables.contains(key))))
+                             compute_baselines=_baselines_known(request, key))))
 
 
 @router.get("/plans/{key}/charts", response_class=HTMLResponse, dependencies=gated)

@@ -93,3 +93,31 @@ def gunzip_chunks(path: Path) -> Iterator[bytes]:
     with gzip.open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             yield chunk
+
+
+# -- the dashboard's baselines table: per key (it depends on the problem only) -------------------------
+def baselines_path(root: Path, key: str) -> Path:
+    return Path(root) / key[:2] / key / "baselines.json"
+
+
+def read_baselines(root: Path, key: str) -> list[dict[str, Any]] | None:
+    """The stored table's rows, or None (not computed yet, or unreadable: then it is recomputed)."""
+    import json
+
+    try:
+        return json.loads(baselines_path(root, key).read_text())["rows"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_baselines(root: Path, key: str, rows: list[dict[str, Any]]) -> None:
+    """Kept on disk beside the key's exports: computed once per problem (a big one takes a minute),
+    across restarts and shared by the API processes of one host."""
+    import json
+
+    path = baselines_path(root, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"rows": rows}, f)
+    os.replace(tmp, path)

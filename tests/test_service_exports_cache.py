@@ -79,3 +79,25 @@ def test_plans_are_gzipped_for_clients_that_accept_it(server):
     assert int(zipped.headers["content-length"]) < len(plain.content) / 3
     with httpx.stream("GET", f"{base}/v1/plans/{key}/events", headers={"Accept-Encoding": "gzip"}) as sse:
         assert "content-encoding" not in sse.headers  # event streams are never buffered by gzip
+
+
+def test_dashboard_baselines_are_computed_once_and_kept_on_disk(tmp_path):
+    proc, base = start_server(tmp_path, data_dir=tmp_path, embedded_workers=0)
+    try:
+        key = httpx.post(f"{base}/v1/plans", json={"problem": problem_doc(make_problem(devices=4, microbatches=8))},
+                         timeout=30).json()["problem_key"]
+        page = httpx.get(f"{base}/dashboard/plans/{key}/baselines", timeout=60)
+        assert page.status_code == 200 and "zb-h1" in page.text.lower()
+    finally:
+        proc.stop()
+    stored = tmp_path / "exports" / key[:2] / key / "baselines.json"
+    rows = json.loads(stored.read_text())["rows"]
+    assert {"name", "makespan_ms", "peak_mib", "reason"} <= set(rows[0])
+    rows[0]["name"] = "marker-from-disk"  # a restarted server shows the stored table, not a recomputed one
+    stored.write_text(json.dumps({"rows": rows}))
+    proc, base = start_server(tmp_path, data_dir=tmp_path, embedded_workers=0)
+    try:
+        assert "marker-from-disk" in httpx.get(f"{base}/dashboard/plans/{key}/baselines", timeout=60).text
+        assert "marker-from-disk" in httpx.get(f"{base}/dashboard/plans/{key}", timeout=60).text  # not pending
+    finally:
+        proc.stop()
