@@ -4,11 +4,11 @@ Imports only httpx, pydantic, tenacity and the pure planner modules; `client.tor
 `torch` extra and is imported explicitly.
 """
 
-from .api import PlanClient, Submission
+from .api import PlanClient, Submission, TracePosted
 from .errors import PlanClientError, PlanNotFound, PlanRequestError, ServiceUnavailable, WaitTimeout
 from .online import OnlinePlan, PlanStore
 
 __all__ = [
     "OnlinePlan", "PlanClient", "PlanClientError", "PlanNotFound", "PlanRequestError", "PlanStore",
-    "ServiceUnavailable", "Submission", "WaitTimeout",
+    "ServiceUnavailable", "Submission", "TracePosted", "WaitTimeout",
 ]

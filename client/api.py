@@ -48,6 +48,21 @@ class Submission:
         return self.plan.revision
 
 
+@dataclass
+class TracePosted:
+    """What `post_trace` answers: predicted vs measured, and the calibrated problem's key and plan now."""
+
+    key: str
+    calibrated_key: str
+    predicted_ms: float
+    measured_ms: float
+    error_pct: float
+    retimed_ms: float  # the plan that ran, timed under the measured costs
+    calibrated_makespan_ms: float  # the calibrated problem's best plan when the service answered
+    created: bool  # False: this very trace had been posted before
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
 class _RetryAfterOrBackoff:
     """tenacity wait: the server's Retry-After when it gave one (capped), else full-jitter backoff."""
 
@@ -218,6 +233,24 @@ class PlanClient:
 
     def cancel(self, key: str) -> dict[str, Any]:
         return self._send("POST", f"/v1/plans/{key}/cancel", ok=(200, 202)).json()
+
+    def post_trace(self, key: str, trace: Any, time_budget_s: float | None = None) -> TracePosted:
+        """POST a measured iteration (`pipeplan.trace/v1`: a `planner.trace.Trace` or its dict) of
+        `key`'s plan; the service stores it and plans the problem calibrated to it (docs/trace.md).
+
+        Safe to retry: the service stores a trace once (by content), a repeat answers the same key.
+        """
+        doc = trace.model_dump(mode="json") if isinstance(trace, BaseModel) else trace
+        params = {} if time_budget_s is None else {"time_budget_s": time_budget_s}
+        body = self._send("POST", f"/v1/plans/{key}/traces", json=doc, params=params, ok=(200, 201)).json()
+        t, c = body["trace"], body["calibrated"]
+        return TracePosted(key=key, calibrated_key=c["problem_key"], predicted_ms=t["predicted_ms"],
+                           measured_ms=t["measured_ms"], error_pct=t["error_pct"], retimed_ms=c["retimed_ms"],
+                           calibrated_makespan_ms=c["makespan_ms"], created=body["created"], raw=body)
+
+    def traces(self, key: str) -> list[dict[str, Any]]:
+        """The key's measured runs, newest first (predicted, measured, error %, calibrated key)."""
+        return self._send("GET", f"/v1/plans/{key}/traces").json()["traces"]
 
     def torch_csv(self, key: str) -> str:
         return self._send("GET", f"/v1/plans/{key}/export/torch.csv").text

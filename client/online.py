@@ -1,7 +1,9 @@
 """`OnlinePlan`: train on the current plan while the service finds better ones.
 
 A background thread follows the key; the training loop calls `current()` (never blocks, never touches
-the network) and, at an iteration boundary, `poll_swap()` to adopt a newer plan if one arrived. The
+the network) and, at an iteration boundary, `poll_swap()` to adopt a newer plan if one arrived. After a
+measured iteration is posted (`post_trace`), it follows the problem calibrated to that run instead:
+its plan is offered as the better plan (`current_problem()` names the problem it is for). The
 service may come and go: the last plan is kept, the thread retries with backoff, and every plan is also
 written to disk so that a restarted job starts from its last plan even when the service is down.
 """
@@ -19,7 +21,7 @@ from typing import Any
 from planner.contract import Plan, Problem
 from planner.validator import validate_plan
 
-from .api import PlanClient
+from .api import PlanClient, TracePosted
 from .errors import PlanClientError, PlanNotFound, PlanRequestError, ServiceUnavailable
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,10 @@ class OnlinePlan:
         self.swaps = 0
         self.last_error: str | None = None
         self._thread: threading.Thread | None = None
+        self._halt = threading.Event()  # ends the current follow (close, or a switch to a calibrated key)
+        self._problems: dict[str, Problem] = {}  # problem of each key followed so far
+        if self.problem is not None:
+            self._problems[self.key] = self.problem
 
         if self.key is not None:
             self.offer(self.store.load(self.key), persist=False)
@@ -131,15 +137,54 @@ class OnlinePlan:
             return self._newest  # type: ignore[return-value]
 
     def poll_swap(self) -> Plan | None:
-        """At an iteration boundary: adopt and return a newer plan if one arrived, else None."""
+        """At an iteration boundary: adopt and return a newer plan if one arrived, else None.
+
+        After `post_trace`, the newer plan may be of the calibrated problem (another key): run it
+        with `schedule.swap(plan, problem=online.current_problem())`, which also serves a plan of
+        the same problem.
+        """
         with self._lock:
             if self._newest is None or self._newest is self._current:
                 return None
-            if self._current is not None and self._newest.revision <= self._current.revision:
+            if self._current is not None and self._newest.problem_key == self._current.problem_key \
+                    and self._newest.revision <= self._current.revision:
                 return None
             self._current = self._newest
             self.swaps += 1
             return self._current
+
+    def current_problem(self) -> Problem | None:
+        """The problem the current plan is for (the calibrated one after a switch); None if unknown."""
+        with self._lock:
+            key = self._current.problem_key if self._current is not None else self.key
+            return self._problems.get(key)
+
+    def post_trace(self, trace: Any, time_budget_s: float | None = None) -> TracePosted:
+        """Post a measured iteration of the current plan and follow the problem calibrated to it.
+
+        The calibrated problem's first plan becomes the newest plan at once (`poll_swap()` returns
+        it); its refine job's improvements follow as usual. Raises PlanClientError when the service
+        refuses the trace (e.g. not a run of a stored revision) or is unavailable.
+        """
+        if self.client is None:
+            raise PlanClientError("post_trace needs a PlanClient")
+        key = trace.problem_key if hasattr(trace, "problem_key") else trace["problem_key"]
+        posted = self.client.post_trace(key, trace, time_budget_s)
+        self.follow_key(posted.calibrated_key)
+        return posted
+
+    def follow_key(self, key: str, problem: Problem | None = None) -> None:
+        """Follow another key from now on (e.g. a calibrated problem posted by another process): its
+        best plan is offered as the newest, and the follower thread switches to its improvements."""
+        assert self.client is not None
+        problem = problem or self.client.problem(key)
+        plan = self.client.get(key)
+        with self._lock:
+            self._problems[key] = problem
+            self.key, self.problem, self._request = key, problem, problem
+            self._submitted = True
+        self.offer(plan)
+        self._halt.set()  # the follower restarts on the new key
 
     def wait_newer(self, revision: int, timeout: float) -> Plan | None:
         """Block until a plan newer than `revision` has arrived (not swapped in); for tests/tools."""
@@ -158,6 +203,7 @@ class OnlinePlan:
 
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        self._halt.set()
         if self.client is not None:
             self.client.close()
         if self._thread is not None:
@@ -182,6 +228,8 @@ class OnlinePlan:
                 self.problem = self.client.problem(self.key)
             except PlanClientError as exc:
                 log.warning("could not fetch the problem of %s (%s); plans are not validated", self.key[:12], exc)
+        if self.problem is not None:
+            self._problems.setdefault(self.key, self.problem)
         if self._newest is None:
             self.offer(self.store.load(self.key), persist=False)
         self.offer(submission.plan)
@@ -194,13 +242,17 @@ class OnlinePlan:
         """
         if plan is None:
             return False
-        if self.problem is not None:
-            violations = validate_plan(self.problem, plan, problem_key=plan.problem_key)
+        if self.key is not None and plan.problem_key != self.key:
+            return False  # a late plan of a key no longer followed (before a switch to a calibrated one)
+        problem = self._problems.get(plan.problem_key, self.problem)
+        if problem is not None:
+            violations = validate_plan(problem, plan, problem_key=plan.problem_key)
             if violations:
                 log.warning("ignoring revision %s: it fails validation: %s", plan.revision, violations[:3])
                 return False
         with self._changed:
-            if self._newest is not None and plan.revision <= self._newest.revision:
+            if self._newest is not None and plan.problem_key == self._newest.problem_key \
+                    and plan.revision <= self._newest.revision:
                 return False
             self._newest = plan
             self._changed.notify_all()
@@ -215,10 +267,14 @@ class OnlinePlan:
         assert self.client is not None
         while not self._stop.is_set():
             try:
+                self._halt = halt = threading.Event()
+                if self._stop.is_set():
+                    break
                 if not self._submitted:
                     self._submit()
-                after = self._newest.revision if self._newest is not None else 0
-                for plan in self.client.follow(self.key, after, stop=self._stop,
+                newest = self._newest
+                after = newest.revision if newest is not None and newest.problem_key == self.key else 0
+                for plan in self.client.follow(self.key, after, stop=halt,
                                                poll_interval_s=self.poll_interval_s):
                     self.offer(plan)
             except PlanNotFound:
