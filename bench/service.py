@@ -1,8 +1,10 @@
-"""Service benchmark (issue 4): GET throughput and latency at 1/16/64 clients (full plan and 304),
-cold POST to first usable plan, and worker improvement -> SSE client latency.
+"""Service benchmark (issues 4, 15): GET throughput and latency at 1/16/64 clients (full plan and 304),
+cold POST to first usable plan (by size, with and without a memory limit), 200 concurrent distinct
+small POSTs, and worker improvement -> SSE client latency.
 
     .venv/bin/python bench/service.py                 # SQLite file + local Redis db 12, ~1 minute
     .venv/bin/python bench/service.py --duration 10 --database-url postgresql+psycopg://...
+    .venv/bin/python bench/service.py --only-posts    # cold POST by size + 200 concurrent POSTs
 
 It starts one `pipeplan serve` (uvicorn, one process) on loopback with no worker running, so the
 solver does not compete for the CPU; the bench itself plays the worker for the SSE measurement
@@ -40,6 +42,61 @@ def problem(devices: int = 8, microbatches: int = 32, tag: str = "") -> Problem:
                    options=Options(split_backward=True), stages=stages,
                    devices=[Device(memory_limit_mib=None, static_mib=8000.0) for _ in range(devices)],
                    metadata={"bench": tag or uuid.uuid4().hex})
+
+
+def tight(devices: int, microbatches: int, tag: str = "") -> Problem:
+    """Room for 8 activations per device: no classic schedule fits, the first plan is the greedy's."""
+    p = problem(devices, microbatches, tag)
+    return p.model_copy(update={"devices": [Device(memory_limit_mib=8000.0 + 640.0 * 8, static_mib=8000.0)
+                                            for _ in range(devices)]})
+
+
+LARGEST = (256, 390)  # 4 x 256 x 390 = 399,360 ops: the largest accepted by the default max_ops (400,000)
+
+
+def cold_by_size(base: str, sizes: list[tuple[int, int]], reps: int, largest_reps: int) -> list[dict]:
+    """Cold POST (cache miss -> first plan -> stored -> response) by size, without and with a memory
+    limit that no classic schedule fits; distinct problems each time (a tag in metadata)."""
+    rows = []
+    with httpx.Client(timeout=120) as c:
+        for devices, microbatches in sizes:
+            kinds = (("free", problem),) if (devices, microbatches) == LARGEST else (("free", problem), ("tight", tight))
+            for kind, make in kinds:
+                lat, codes, method = [], {}, ""
+                for _ in range(largest_reps if (devices, microbatches) == LARGEST else reps):
+                    doc = {"problem": make(devices, microbatches).model_dump(mode="json"), "time_budget_s": 1}
+                    t0 = time.perf_counter()
+                    r = c.post(f"{base}/v1/plans", json=doc)
+                    lat.append(time.perf_counter() - t0)
+                    codes[r.status_code] = codes.get(r.status_code, 0) + 1
+                    if r.status_code == 201:
+                        method = r.json()["plan"]["method"]
+                row = {"devices": devices, "microbatches": microbatches, "memory": kind, "n": len(lat),
+                       "p50_ms": pct(lat, 50) * 1000, "p99_ms": pct(lat, 99) * 1000, "codes": codes,
+                       "method": method}
+                rows.append(row)
+                print(f"cold POST P={devices} M={microbatches} {kind:5} (n={len(lat)}): p50 {row['p50_ms']:6.0f} ms,"
+                      f" p99 {row['p99_ms']:6.0f} ms  codes {codes}  revision 1: {method}", flush=True)
+    return rows
+
+
+async def concurrent_posts(base: str, n: int) -> dict:
+    """`n` distinct small problems POSTed at once (each a cold miss)."""
+    docs = [{"problem": problem(4, 8).model_dump(mode="json"), "time_budget_s": 1} for _ in range(n)]
+    lat: list[float] = []
+    codes: dict[int, int] = {}
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as c:
+        async def one(doc: dict) -> None:
+            t0 = time.perf_counter()
+            r = await c.post(f"{base}/v1/plans", json=doc)
+            lat.append(time.perf_counter() - t0)
+            codes[r.status_code] = codes.get(r.status_code, 0) + 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one(d) for d in docs))
+        wall = time.perf_counter() - start
+    return {"n": n, "p50_ms": pct(lat, 50) * 1000, "p99_ms": pct(lat, 99) * 1000, "wall_s": wall, "codes": codes}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -195,6 +252,12 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--http-workers", type=int, default=1, help="uvicorn processes (PIPEPLAN_HTTP_WORKERS)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--sizes", default="8x32,16x64,32x128,256x390",
+                    help="cold POST by size, PxM list ('' to skip); 256x390 is the largest accepted size")
+    ap.add_argument("--size-reps", type=int, default=5, help="cold POSTs per size (the largest: --largest-reps)")
+    ap.add_argument("--largest-reps", type=int, default=2)
+    ap.add_argument("--concurrent", type=int, default=200, help="distinct small POSTs at once (0 to skip)")
+    ap.add_argument("--only-posts", action="store_true", help="only the cold-POST-by-size and concurrent rows")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="pipeplan-bench-"))
@@ -209,36 +272,44 @@ def main() -> None:
     server = start_server(env, args.port, tmp / "server.log")
     results: dict = {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
     try:
-        # cold POST: cache miss -> best heuristic inline -> stored revision 1 -> response
-        cold = []
-        with httpx.Client(timeout=30) as c:
-            for _ in range(args.cold_posts):
-                doc = {"problem": problem(8, 32).model_dump(mode="json"), "time_budget_s": 1}
-                t0 = time.perf_counter()
-                r = c.post(f"{base}/v1/plans", json=doc)
-                cold.append(time.perf_counter() - t0)
-                assert r.status_code == 201, r.text
-            key = r.json()["problem_key"]
-            size = len(c.get(f"{base}/v1/plans/{key}").content)
-            etag = c.get(f"{base}/v1/plans/{key}").headers["etag"]
-        results["cold_post"] = {"n": len(cold), "p50_ms": pct(cold, 50) * 1000, "p99_ms": pct(cold, 99) * 1000,
-                                "max_ms": max(cold) * 1000}
-        print(f"cold POST P=8 M=32 (n={len(cold)}): p50 {results['cold_post']['p50_ms']:.0f} ms, "
-              f"p99 {results['cold_post']['p99_ms']:.0f} ms")
-        path = f"/v1/plans/{key}"
-        results["get_plan_bytes"] = size
-        for name, headers in (("get_200", ""), ("get_304", f"If-None-Match: {etag}\r\n")):
-            results[name] = []
-            for n in (int(x) for x in args.clients.split(",")):
-                res = asyncio.run(load("127.0.0.1", args.port, path, n, args.duration, headers))
-                results[name].append(res)
-                print(f"{name} ({size} B plan) clients={n:>3}: {res['rps']:7.0f} req/s  p50 {res['p50_ms']:6.1f} ms"
-                      f"  p99 {res['p99_ms']:6.1f} ms  codes {res['codes']}")
-        results["sse"] = sse_latency(base, settings, args.improvements, args.subscribers)
-        s = results["sse"]
-        print(f"improvement -> SSE ({s['subscribers']} subscribers, {s['events']} events): p50 {s['p50_ms']:.1f} ms, "
-              f"p99 {s['p99_ms']:.1f} ms, max {s['max_ms']:.1f} ms; of which publish -> client p50 "
-              f"{s['publish_to_client_p50_ms']:.1f} ms, p99 {s['publish_to_client_p99_ms']:.1f} ms")
+        if args.sizes:
+            sizes = [tuple(int(v) for v in part.split("x")) for part in args.sizes.split(",")]
+            results["cold_by_size"] = cold_by_size(base, sizes, args.size_reps, args.largest_reps)
+        if args.concurrent:
+            res = results["concurrent_posts"] = asyncio.run(concurrent_posts(base, args.concurrent))
+            print(f"{res['n']} concurrent distinct small POSTs (P=4 M=8): p50 {res['p50_ms']:.0f} ms, p99"
+                  f" {res['p99_ms']:.0f} ms, all done in {res['wall_s']:.1f} s  codes {res['codes']}", flush=True)
+        if not args.only_posts:
+            # cold POST: cache miss -> best heuristic inline -> stored revision 1 -> response
+            cold = []
+            with httpx.Client(timeout=30) as c:
+                for _ in range(args.cold_posts):
+                    doc = {"problem": problem(8, 32).model_dump(mode="json"), "time_budget_s": 1}
+                    t0 = time.perf_counter()
+                    r = c.post(f"{base}/v1/plans", json=doc)
+                    cold.append(time.perf_counter() - t0)
+                    assert r.status_code == 201, r.text
+                key = r.json()["problem_key"]
+                size = len(c.get(f"{base}/v1/plans/{key}").content)
+                etag = c.get(f"{base}/v1/plans/{key}").headers["etag"]
+            results["cold_post"] = {"n": len(cold), "p50_ms": pct(cold, 50) * 1000, "p99_ms": pct(cold, 99) * 1000,
+                                    "max_ms": max(cold) * 1000}
+            print(f"cold POST P=8 M=32 (n={len(cold)}): p50 {results['cold_post']['p50_ms']:.0f} ms, "
+                  f"p99 {results['cold_post']['p99_ms']:.0f} ms")
+            path = f"/v1/plans/{key}"
+            results["get_plan_bytes"] = size
+            for name, headers in (("get_200", ""), ("get_304", f"If-None-Match: {etag}\r\n")):
+                results[name] = []
+                for n in (int(x) for x in args.clients.split(",")):
+                    res = asyncio.run(load("127.0.0.1", args.port, path, n, args.duration, headers))
+                    results[name].append(res)
+                    print(f"{name} ({size} B plan) clients={n:>3}: {res['rps']:7.0f} req/s  p50 {res['p50_ms']:6.1f} ms"
+                          f"  p99 {res['p99_ms']:6.1f} ms  codes {res['codes']}")
+            results["sse"] = sse_latency(base, settings, args.improvements, args.subscribers)
+            s = results["sse"]
+            print(f"improvement -> SSE ({s['subscribers']} subscribers, {s['events']} events): p50 {s['p50_ms']:.1f} ms, "
+                  f"p99 {s['p99_ms']:.1f} ms, max {s['max_ms']:.1f} ms; of which publish -> client p50 "
+                  f"{s['publish_to_client_p50_ms']:.1f} ms, p99 {s['publish_to_client_p99_ms']:.1f} ms")
     finally:
         server.terminate()
         try:
