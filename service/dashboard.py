@@ -17,6 +17,7 @@ import hmac
 import math
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,9 @@ def _rows(repo, items: list[dict[str, Any]], budget_s: float) -> list[data.Overv
     keys = [item["problem_key"] for item in items]
     figures = data.fill_one_f_one_b(BASELINES, keys, repo.get_problem, budget_s)
     now = datetime.now(UTC)
-    return [data.overview_row(item, figures.get(item["problem_key"]), now) for item in items]
+    rows = [data.overview_row(item, figures.get(item["problem_key"]), now) for item in items]
+    marks = dashboard_traces.marks_of(repo, keys)
+    return [replace(r, traced=marks[r.key]) if r.key in marks else r for r in rows]
 
 
 @router.get("", response_class=HTMLResponse, dependencies=gated)
@@ -355,6 +358,7 @@ def plan_page(request: Request, key: str, revision: int | None = Query(None, ge=
     cached = _baselines_known(request, key)
     return templates.TemplateResponse(request, "dashboard/plan.html", _ctx(
         request, summary=views.config_summary(problem), frontiers=dashboard_frontier.frontiers_of(repo, key),
+        measured=dashboard_traces.measured_of(repo, key, problem),
         **_live_ctx(request, repo, key, problem, plan, compute_baselines=cached),
     ))
 
@@ -459,3 +463,4 @@ async def _next(sub, timeout: float) -> dict[str, Any] | None:
     return await sub.get(timeout)
 
 from . import dashboard_frontier  # noqa: E402,F401 - registers /dashboard/frontiers/{key} on `router`
+from . import dashboard_traces  # noqa: E402 - predicted vs measured (plan page, overview marker)

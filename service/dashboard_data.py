@@ -206,6 +206,7 @@ class OverviewRow:
     updated: str
     updated_iso: str
     pending: bool = False
+    traced: str = ""  # measured vs predicted of the newest posted trace (dashboard_traces), "" if none
 
 
 def overview_row(item: dict[str, Any], one: OneF1B | None, now: datetime) -> OverviewRow:
