@@ -64,24 +64,9 @@ def _top_variant(problem: Problem):
     0.15-0.4 s at P=32, M=128), evaluated and validated; None when it does not fit. Run before
     greedy_outcome, which first re-times its unit-cost patterns (as long again, and they rarely fit
     when no classic schedule does), so that a memory-aware plan is out in one engine run."""
-    from dataclasses import replace
+    from planner.baselines.greedy import greedy_tries, run_try, treatments
 
-    from planner.baselines.common import DoesNotFit, evaluate
-    from planner.baselines.greedy import greedy_tries, reducing_treatments, run_engine
-    from planner.simulator import ScheduleError
-
-    treats = reducing_treatments(problem) + [("", None, False)]  # as greedy orders them with no pattern fit
-    for treat_name, treat, eager, name, cfg in greedy_tries(problem, treats)[:1]:
-        schedule = run_engine(problem, replace(cfg, treat=treat, reload_in_turn=True, reserve_after_copies=eager))
-        if schedule is None:
-            return None
-        label = f"greedy({name}{', ' + treat_name if treat_name else ''})"
-        for timing in (None, schedule.engine_timing):  # as greedy_outcome: ASAP re-timing first
-            try:
-                return evaluate(problem, schedule, label, timing)
-            except (DoesNotFit, ScheduleError):
-                continue
-    return None
+    return run_try(problem, greedy_tries(problem, treatments(problem, pattern_fits=False))[0])
 
 
 def _greedy_within(problem: Problem, soft_s: float, hard_s: float):

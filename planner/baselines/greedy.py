@@ -174,8 +174,9 @@ def reducing_treatments(problem: Problem) -> list[tuple[str, Treat, bool]]:
     offload = reducing_treat(problem, "offload")
     fractional = []
     if slow_copies(problem):
-        fractional = [(f"fractional {slack:g}" + (", eager" if eager else ""), fractional_treat(problem, slack),
-                       eager) for slack in FRACTIONAL_SLACKS for eager in (False, True)]
+        fractional = [(f"fractional {slack:g}" + (", eager" if eager else ""),
+                       fractional_treat(problem, slack), eager)
+                      for slack in FRACTIONAL_SLACKS for eager in (False, True)]
     candidates = fractional + [("offload", offload, False), ("offload, eager", offload, True),
                                ("recompute", reducing_treat(problem, "recompute"), False)]
     return [c for c in candidates if c[1] is not None]
@@ -234,28 +235,42 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
             pattern_fits = True
         except (NotApplicable, DoesNotFit, ScheduleError):
             continue
-    reducing = reducing_treatments(problem)
-    plain = ("", None, False)
-    treats = reducing + [plain] if reducing and not pattern_fits else [plain] + reducing
-    tries = greedy_tries(problem, treats)
+    tries = greedy_tries(problem, treatments(problem, pattern_fits))
     budget = inline_runs(problem) if inline else len(tries)
-    for runs, (treat_name, treat, eager, name, cfg) in enumerate(tries[skip:], start=skip):
+    for runs, attempt in enumerate(tries[skip:], start=skip):
         if (runs >= budget or not keep_going()) and best is not None:
             break
-        cfg = replace(cfg, treat=treat, reload_in_turn=True, reserve_after_copies=eager)
-        schedule = run_engine(problem, cfg)
-        if schedule is None:
-            continue
-        own = schedule.engine_timing  # type: ignore[attr-defined]
-        if best is not None and own.makespan > best.makespan * (1 + tolerance):
-            continue  # almost surely slower (a speed heuristic only: validity does not depend on it)
-        label = f"greedy({name}{', ' + treat_name if treat_name else ''})"
-        for timing in (None, own):  # ASAP re-timing first; the engine's own if that breaks a limit
-            try:
-                best = better(best, evaluate(problem, schedule, label, timing), tolerance)
-                break
-            except (DoesNotFit, ScheduleError):
-                continue
+        # a variant whose own timing is already slower is skipped: a speed heuristic only, validity
+        # does not depend on it
+        best = better(best, run_try(problem, attempt, slower_than=best, tolerance=tolerance), tolerance)
     if best is not None:
         return best
     return evaluate(problem, serialized_schedule(problem), "greedy(serialized)")
+
+
+def treatments(problem: Problem, pattern_fits: bool) -> list[tuple[str, Treat | None, bool]]:
+    """reducing_treatments plus none at all: first when a zero-bubble pattern already fits the limits."""
+    reducing = reducing_treatments(problem)
+    plain = ("", None, False)
+    return reducing + [plain] if reducing and not pattern_fits else [plain] + reducing
+
+
+def run_try(problem: Problem, attempt: tuple, slower_than: Outcome | None = None,
+            tolerance: float = TIE_TOLERANCE) -> Outcome | None:
+    """One (treatment, treat, eager, variant, config) of greedy_tries, evaluated (pruned, memory
+    checked): ASAP re-timing first, the engine's own timing if that breaks a limit. None when the
+    engine blocks, nothing fits, or its own timing is already slower than `slower_than`."""
+    treat_name, treat, eager, name, cfg = attempt
+    schedule = run_engine(problem, replace(cfg, treat=treat, reload_in_turn=True, reserve_after_copies=eager))
+    if schedule is None:
+        return None
+    own = schedule.engine_timing  # type: ignore[attr-defined]
+    if slower_than is not None and own.makespan > slower_than.makespan * (1 + tolerance):
+        return None
+    label = f"greedy({name}{', ' + treat_name if treat_name else ''})"
+    for timing in (None, own):
+        try:
+            return evaluate(problem, schedule, label, timing)
+        except (DoesNotFit, ScheduleError):
+            continue
+    return None
