@@ -224,10 +224,16 @@ def _context():
 
 
 def warm_up() -> None:
-    """Start the forkserver now (about a second of imports) rather than on the first big POST."""
-    proc = _context().Process(target=_noop, daemon=True)
-    proc.start()
-    proc.join(30)
+    """Start the forkserver now (about a second of imports) rather than on the first big POST.
+
+    Best effort, in a daemon thread: when the server stops during those imports the forkserver's
+    pipe closes under it (EOFError / OSError), which must not print a traceback at shutdown."""
+    try:
+        proc = _context().Process(target=_noop, daemon=True)
+        proc.start()
+        proc.join(30)
+    except (EOFError, OSError) as exc:
+        log.debug("forkserver warm-up stopped: %s", exc)
 
 
 def _noop() -> None:
