@@ -164,9 +164,9 @@ def test_online_plan_recovers_when_the_service_comes_back(problem, tmp_path):
         finally:
             svc.stop()
         time.sleep(0.5)
+        online.poll_swap()  # whatever arrived before the service stopped
         latest = online.current()
         assert latest.revision >= swapped.revision
-        online.poll_swap()  # whatever arrived before the service stopped
         started = time.monotonic()
         assert online.current().revision == latest.revision
         assert online.poll_swap() is None
