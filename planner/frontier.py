@@ -302,7 +302,11 @@ def setup(problem: Problem, top: Plan, top_bound_ms: float, peers: list[PeerPoin
 
 
 def initial_factors(s: Setup, points: int) -> list[float]:
-    """The two ends and each peer's budget inside the range (as many as fit in `points`, spread)."""
+    """The two ends and every peer's budget inside the range, even beyond `points`.
+
+    Decision: dominating every peer is the frontier's promise, and only a point at (or below) a
+    peer's memory, hinted with the peer's plan, keeps it; so `points` is a minimum. (Spreading fewer
+    points over the peers left 3 of 10 undominated for Llama-2-7B at 4 points, -11% at worst.)"""
     span = max(s.factor_max - s.factor_min, 1e-12)
     chosen = [s.factor_min, s.factor_max]
     inside = sorted({p.factor for p in s.peers if s.factor_min < p.factor < s.factor_max})
@@ -310,11 +314,7 @@ def initial_factors(s: Setup, points: int) -> list[float]:
     for f in inside:
         if all(abs(f - g) > SAME_FACTOR * span for g in chosen + distinct):
             distinct.append(f)
-    room = max(0, points - 2)
-    if len(distinct) > room:
-        step = len(distinct) / room if room else 0
-        distinct = [distinct[int(i * step)] for i in range(room)]
-    return sorted(chosen + distinct)[:max(points, 1)]
+    return sorted(chosen + distinct)
 
 
 def next_factor(solved: list[tuple[float, float]], s: Setup) -> float | None:

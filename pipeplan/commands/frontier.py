@@ -105,7 +105,7 @@ def answer_queries(doc: dict[str, Any], target_ms: float | None, budget_gib: flo
 def frontier_cmd(
     source: Annotated[Path, typer.Argument(metavar="PROBLEM|SPEC|FRONTIER.json",
                                            help="A problem v1, a model spec, or a frontier document (queries only).")],
-    points: Annotated[int, typer.Option("--points", "-n", min=2, max=64, help="Points on the curve.")] = 12,
+    points: Annotated[int, typer.Option("--points", "-n", min=2, max=64, help="Points on the curve (at least; every peer's memory also gets one).")] = 12,
     time_limit: Annotated[float, typer.Option("--time-limit", "-t", min=0.0,
                                               help="Seconds of search per point (plus one unlimited solve).")] = 10.0,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the frontier JSON here.")] = None,
