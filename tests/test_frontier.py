@@ -40,6 +40,15 @@ def test_frontier_is_monotone_valid_and_dominates_every_peer():
     assert fr.peers and all(d["dominated"] for d in fr.dominance()), fr.dominance()
 
 
+def test_every_peer_is_dominated_even_with_fewer_points_than_peers():
+    """--points is a minimum: each peer's memory gets a point hinted with its plan."""
+    problem = make_problem(devices=4, microbatches=8, offload=True, limit_mib=8000.0, tag="frontier")
+    fr = compute_frontier(problem, points=2, time_limit_s=0.0, solve_fn=_solve_nothing)
+    peer_budgets = {round(p.factor, 6) for p in fr.peers if fr.factor_min < p.factor < fr.factor_max}
+    assert len(fr.points) >= 2 + len(peer_budgets) > 2
+    assert all(d["dominated"] for d in fr.dominance()), fr.dominance()
+
+
 def test_a_smaller_budgets_plan_is_rekeyed_into_larger_points_but_not_smaller():
     problem = make_problem(devices=4, microbatches=8, offload=True, limit_mib=8000.0, tag="rekey")
     free = [7000.0] * 4
