@@ -1,7 +1,8 @@
 """A POST's heavy work: spec -> problem, the first plan, revision 1, bounded in time and killable.
 
 The first plan must be out at once at every accepted size, so it is the fastest *cheap* valid plan:
-the classic schedules that fit (1F1B, ZB-H1, interleaved, ZB-V), else the memory-aware greedy seed
+the published schedules that fit (1F1B, ZB-H1, ZB-H2, interleaved, ZB-V: fixed orders, one
+simulation each), else the memory-aware greedy seed
 within `inline_greedy_s` (its most promising variant first; past that box, its first fitting variant,
 waited for until `inline_greedy_max_s`), else the serialized schedule (fits any feasible budget); every slower
 heuristic runs in the refine job (planner.solver seeds with all of them).
@@ -33,7 +34,9 @@ from .errors import ApiError, unavailable
 
 log = logging.getLogger("pipeplan.inline")
 
-CLASSIC = ("1f1b", "zb-h1", "interleaved-1f1b", "zb-v")
+# ZB-H2 is as cheap as ZB-H1 and, where its memory fits, often optimal (Llama-2-7B on 8 GPUs at
+# 80 GB: 2274 ms, the lower bound, against ZB-H1's 2292)
+CLASSIC = ("1f1b", "zb-h1", "zb-h2", "interleaved-1f1b", "zb-v")
 
 
 # -- the first plan ---------------------------------------------------------------------------------
