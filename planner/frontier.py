@@ -192,12 +192,10 @@ def frontier_document(base_key: str, free: list[float], static: list[float], f_m
                       points: list[dict[str, Any]], peers: list[dict[str, Any]], unlimited_ms: float,
                       extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The `pipeplan.frontier/v1` document (docs/frontier.md), shared by the CLI and the service."""
-    view = Frontier(base_key, free, static, f_min, f_max, [], [], unlimited_ms)
-    view.points = [_Row(p) for p in points]  # type: ignore[list-item]
-    view.peers = [_Row(p) for p in peers]  # type: ignore[list-item]
-    return {"format": FRONTIER_FORMAT, "problem_key": base_key, "free_mib": free, "static_mib": static,
-            "factor_min": f_min, "factor_max": f_max, "unlimited_makespan_ms": unlimited_ms,
-            "points": points, "peers": peers, "dominance": view.dominance(), **(extra or {})}
+    doc = {"format": FRONTIER_FORMAT, "problem_key": base_key, "free_mib": free, "static_mib": static,
+           "factor_min": f_min, "factor_max": f_max, "unlimited_makespan_ms": unlimited_ms,
+           "points": points, "peers": peers}
+    return {**doc, "dominance": view_of(doc).dominance(), **(extra or {})}
 
 
 class _Row:
