@@ -425,12 +425,7 @@ class PlanExecutor:
             self.stats.offloaded_bytes[(k, mb)] += moved
             # device memory really released: copies nothing else (e.g. the stage's output) still holds
             self.stats.freed_bytes[(k, mb)] += sum(n for ref, n in alive if ref() is None)
-            if self.emulation is not None:
-                self.emulation.pad(Kind.OFFLOAD, k, started)
-            if self.cuda:  # CUDA only
-                record.offload_done = stream.record_event()
-            if self.recorder is not None:
-                self.recorder.add(Kind.OFFLOAD.value, k, mb, start, self.recorder.mark(stream))
+            record.offload_done = self._copy_done(Kind.OFFLOAD, k, mb, stream, start, started)
         return CopyJob((k, mb), run)
 
     def _reload_job(self, k: int, mb: int) -> CopyJob:
@@ -451,14 +446,19 @@ class PlanExecutor:
             consumer = torch.cuda.current_stream(self.device) if self.cuda else None
             moved = sum(h.to_device(stream, consumer) for h in record.handles.values())
             self._hold(record, moved)
-            if self.emulation is not None:
-                self.emulation.pad(Kind.RELOAD, k, started)
-            if self.cuda:  # CUDA only
-                record.reload_done = stream.record_event()
-            if self.recorder is not None:
-                self.recorder.add(Kind.RELOAD.value, k, mb, start, self.recorder.mark(stream))
+            record.reload_done = self._copy_done(Kind.RELOAD, k, mb, stream, start, started)
             self.stats.reloads.add((k, mb))
         return CopyJob((k, mb), run)
+
+    def _copy_done(self, kind: Kind, k: int, mb: int, stream: Any, start: Any, started: float) -> Any:
+        """A copy's end on its lane: pad it to its emulated duration, record it in the trace; its CUDA
+        event on `stream` (None off CUDA)."""
+        if self.emulation is not None:
+            self.emulation.pad(kind, k, started)
+        done = stream.record_event() if self.cuda else None  # CUDA only
+        if self.recorder is not None:
+            self.recorder.add(kind.value, k, mb, start, self.recorder.mark(stream))
+        return done
 
     def _wait_copy(self, job: CopyJob | None, what: str) -> None:
         if job is None:
