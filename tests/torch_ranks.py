@@ -10,6 +10,7 @@ import os
 import socket
 from pathlib import Path
 
+from client.emulated_pipeline import make_blocks
 from planner.contract import Plan, Problem
 from planner.ops import Kind, Op
 from planner.simulator import DeviceOrder, Gate, Schedule, build_plan, simulate
@@ -148,20 +149,7 @@ def _run_job(rank: int, problem: Problem, plans: list[Plan], steps_per_plan: int
 
 def make_layers(num_stages: int):
     """One small residual MLP block per stage (deterministic init), same on every process."""
-    import torch
-    from torch import nn
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.up = nn.Linear(WIDTH, 2 * WIDTH)
-            self.down = nn.Linear(2 * WIDTH, WIDTH)
-
-        def forward(self, x):
-            return x + self.down(torch.tanh(self.up(x)))
-
-    torch.manual_seed(0)
-    return [Block() for _ in range(num_stages)]
+    return make_blocks(num_stages, WIDTH)
 
 
 def mse(output, target):
