@@ -20,7 +20,6 @@ How to read the table: docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import sys
 import time
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import best_by, run_forked
 from bench.model_suite import BUDGET_SHARES, SUITE, Case
 from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
 from planner.bounds import MemoryInfeasibleError, check_memory_feasible
@@ -114,12 +114,6 @@ def peer_cell(problem: Problem, name: str) -> tuple[str, float | None]:
     return f"{ms:,.0f}", ms
 
 
-def best_by(history: list[tuple[float, float]], seconds: float) -> float | None:
-    """Best makespan streamed within `seconds` (history: (elapsed s, makespan ms))."""
-    within = [ms for t, ms in history if t <= seconds]
-    return min(within) if within else None
-
-
 def measure(row: Row, limits: list[float]) -> dict[str, Any]:
     """Peers, then one solve of max(limits) seconds; everything a table row needs."""
     from planner.solver import solve
@@ -147,24 +141,9 @@ def measure(row: Row, limits: list[float]) -> dict[str, Any]:
     }
 
 
-def _child(row: Row, limits: list[float], conn) -> None:
-    try:
-        conn.send(measure(row, limits))
-    except Exception as exc:  # noqa: BLE001 - reported in the table
-        conn.send({"error": f"{type(exc).__name__}: {exc}"})
-
-
 def run_row(row: Row, limits: list[float]) -> dict[str, Any]:
     """measure() in a forked child, so rows never share solver state or memory."""
-    ctx = mp.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(row, limits, child))
-    proc.start()
-    out = parent.recv() if parent.poll(max(limits) + ROW_TIMEOUT_S) else {"error": "no answer"}
-    proc.join(timeout=10)
-    if proc.is_alive():
-        proc.kill()
-    return out
+    return run_forked(measure, row, limits, timeout_s=max(limits) + ROW_TIMEOUT_S)
 
 
 # --------------------------------------------------------------------------------------------------

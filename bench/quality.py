@@ -17,7 +17,6 @@ peak RSS is its own.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import resource
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import best_by, run_forked
 from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
 from planner.baselines.offload import pipeoffload_outcome
 from planner.bounds import lower_bound
@@ -98,36 +98,20 @@ def make_problem(c: Case) -> Problem:
     })
 
 
-def _solve_child(case: Case, seconds: float, engine: str, conn) -> None:
+def _solve(case: Case, seconds: float, engine: str) -> dict:
     from planner.solver import solve
 
-    problem = make_problem(case)
-    try:
-        r = solve(problem, seconds, engine=engine, seed=0)
-        conn.send({"makespan": r.plan.makespan_ms, "bubble": r.plan.bubble_ratio, "gap": r.plan.gap,
-                   "elapsed": r.elapsed_s,
-                   "status": r.status, "first": r.time_to_first_s, "seed": r.seed_method,
-                   "bound": r.solver_bound_ms, "notes": r.notes, "method": r.plan.method,
-                   "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-                   "history": r.history})
-    except Exception as exc:  # noqa: BLE001 - report it in the table
-        conn.send({"error": f"{type(exc).__name__}: {exc}"})
+    r = solve(make_problem(case), seconds, engine=engine, seed=0)
+    return {"makespan": r.plan.makespan_ms, "bubble": r.plan.bubble_ratio, "gap": r.plan.gap,
+            "elapsed": r.elapsed_s,
+            "status": r.status, "first": r.time_to_first_s, "seed": r.seed_method,
+            "bound": r.solver_bound_ms, "notes": r.notes, "method": r.plan.method,
+            "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+            "history": r.history}
 
 
 def run_solver(case: Case, seconds: float, engine: str) -> dict:
-    ctx = mp.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_solve_child, args=(case, seconds, engine, child))
-    proc.start()
-    out = parent.recv() if parent.poll(seconds + 120) else {"error": "no answer"}
-    proc.join(timeout=10)
-    return out
-
-
-def best_by(history: list[tuple[float, float]], seconds: float) -> float | None:
-    """Best makespan streamed within `seconds` (history: (elapsed s, makespan ms), improving)."""
-    within = [ms for t, ms in history if t <= seconds]
-    return min(within) if within else None
+    return run_forked(_solve, case, seconds, engine, timeout_s=seconds + 120)
 
 
 def unlimited_optimum(problem: Problem) -> tuple[float, bool]:
