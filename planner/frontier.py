@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .bounds import lower_bound, min_memory
+from .bounds import min_memory
 from .contract import Plan, Problem
 from .simulator import build_plan, schedule_from_plan, simulate
 from .validator import assert_valid, validate_plan
@@ -299,8 +299,8 @@ def setup(problem: Problem, top: Plan, top_bound_ms: float, peers: list[PeerPoin
     return Setup(free, f_min, f_max, peers, top, min(top_bound_ms, top.makespan_ms))
 
 
-def initial_factors(s: Setup, points: int) -> list[float]:
-    """The two ends and every peer's budget inside the range, even beyond `points`.
+def initial_factors(s: Setup) -> list[float]:
+    """The two ends and every peer's budget inside the range, even beyond the frontier's `points`.
 
     Decision: dominating every peer is the frontier's promise, and only a point at (or below) a
     peer's memory, hinted with the peer's plan, keeps it; so `points` is a minimum. (Spreading fewer
@@ -334,12 +334,12 @@ def next_factor(solved: list[tuple[float, float]], s: Setup) -> float | None:
     return where
 
 
-def choose_factors(s: Setup, points: int, probe: Callable[[float], float]) -> list[float]:
+def choose_factors(s: Setup, points: int, probe: Callable[[float], float],
+                   stop: threading.Event | None = None) -> list[float]:
     """All `points` factors, the adaptive ones placed with `probe(factor) -> makespan` (the service
-    probes with the best heuristic; compute_frontier solves)."""
-    factors = initial_factors(s, points)
-    solved = [(f, probe(f)) for f in factors]
-    while len(solved) < points:
+    probes with the best heuristic; compute_frontier solves); no adaptive one once `stop` is set."""
+    solved = [(f, probe(f)) for f in initial_factors(s)]
+    while len(solved) < points and not (stop is not None and stop.is_set()):
         f = next_factor(solved, s)
         if f is None:
             break
@@ -367,6 +367,8 @@ def compute_frontier(problem: Problem, points: int = 12, time_limit_s: float = 1
     """
     if points < 2:
         raise ValueError(f"points: {points} is too few; a frontier needs at least 2 (its two ends)")
+    from .solver.memory_bound import combined_lower_bound
+
     solve = solve_fn or _default_solve()
     report = on_progress or (lambda _e: None)
     started = time.monotonic()
@@ -402,9 +404,7 @@ def compute_frontier(problem: Problem, points: int = 12, time_limit_s: float = 1
         key = sub.key()
         prior = best_fit(sub, key, f)
         t0 = time.monotonic()
-        from .solver.memory_bound import memory_lower_bound
-
-        bound = max(lower_bound(sub), memory_lower_bound(sub), s.top_bound_ms if f >= s.factor_max else 0.0)
+        bound = max(combined_lower_bound(sub), s.top_bound_ms if f >= s.factor_max else 0.0)
         stopped = stop is not None and stop.is_set()
         if prior is not None and (prior[1].makespan_ms <= bound + EPS_MS or stopped):
             plan, source = prior[1], prior[0]  # proven already (or stopped): no solve needed
@@ -427,14 +427,7 @@ def compute_frontier(problem: Problem, points: int = 12, time_limit_s: float = 1
         report({"event": "point", "index": len(done) - 1, **point.to_dict()})
         return plan.makespan_ms
 
-    factors = initial_factors(s, points)
-    for f in factors:
-        run_point(f)
-    while len(done) < points and not (stop is not None and stop.is_set()):
-        f = next_factor([(g, p.makespan_ms) for g, p in done.items()], s)
-        if f is None:
-            break
-        run_point(f)
+    choose_factors(s, points, run_point, stop)
     result = finish(problem, s, done)
     result.elapsed_s = time.monotonic() - started
     return result
