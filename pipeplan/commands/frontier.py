@@ -32,8 +32,9 @@ def _progress(started: float):
             names = sorted({p["name"] for p in event["peers"]})
             typer.echo(f"{t} peers: {', '.join(names) or 'none'}", err=True)
         elif kind == "range":
-            typer.echo(f"{t} budget factors {event['factor_min']:.4f} .. {event['factor_max']:.4f} of free memory;"
-                       f" unlimited-memory plan {event['unlimited_makespan_ms']:.2f} ms", err=True)
+            typer.echo(f"{t} budget factors {event['factor_min']:.4f} .. {event['factor_max']:.4f}"
+                       f" of free memory; unlimited-memory plan {event['unlimited_makespan_ms']:.2f} ms",
+                       err=True)
         elif kind == "point":
             typer.echo(f"{t} point {event['index'] + 1}: {event['budget_mib'] / GIB:.2f} GiB/GPU ->"
                        f" {event['makespan_ms']:.2f} ms (bound {event['bound_ms']:.2f}, {event['source']},"
@@ -98,23 +99,34 @@ def answer_queries(doc: dict[str, Any], target_ms: float | None, budget_gib: flo
         else:
             p = hit.doc
             typer.echo(f"fastest within {budget_gib:g} GiB per GPU: {p['makespan_ms']:.2f} ms at"
-                       f" {p['budget_mib'] / GIB:.2f} GiB (bound {p['bound_ms']:.2f} ms), plan key {p['problem_key']}")
+                       f" {p['budget_mib'] / GIB:.2f} GiB (bound {p['bound_ms']:.2f} ms),"
+                       f" plan key {p['problem_key']}")
     return code
 
 
 def frontier_cmd(
-    source: Annotated[Path, typer.Argument(metavar="PROBLEM|SPEC|FRONTIER.json",
-                                           help="A problem v1, a model spec, or a frontier document (queries only).")],
-    points: Annotated[int, typer.Option("--points", "-n", min=2, max=64, help="Points on the curve (at least; every peer's memory also gets one).")] = 12,
-    time_limit: Annotated[float, typer.Option("--time-limit", "-t", min=0.0,
-                                              help="Seconds of search per point (plus one unlimited solve).")] = 10.0,
+    source: Annotated[Path, typer.Argument(
+        metavar="PROBLEM|SPEC|FRONTIER.json",
+        help="A problem v1, a model spec, or a frontier document (queries only).")],
+    points: Annotated[int, typer.Option(
+        "--points", "-n", min=2, max=64,
+        help="Points on the curve (at least; every peer's memory also gets one).")] = 12,
+    time_limit: Annotated[float, typer.Option(
+        "--time-limit", "-t", min=0.0,
+        help="Seconds of search per point (plus one unlimited solve).")] = 10.0,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the frontier JSON here.")] = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Draw the frontier (PNG or SVG by suffix).")] = None,
-    plans_dir: Annotated[Path | None, typer.Option("--plans-dir", help="Also write each point's plan and problem.")] = None,
-    target_ms: Annotated[float | None, typer.Option("--target-ms", min=0.0, help="Query: least memory for this time.")] = None,
-    budget_gib: Annotated[float | None, typer.Option("--budget-gib", min=0.0, help="Query: fastest plan within this memory per GPU.")] = None,
-    offload: Annotated[bool | None, typer.Option("--offload/--no-offload", help="Allow offload (overrides the input).")] = None,
-    recompute: Annotated[bool | None, typer.Option("--recompute/--no-recompute", help="Allow recompute (overrides the input).")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", help="Draw the frontier (PNG or SVG by suffix).")] = None,
+    plans_dir: Annotated[Path | None, typer.Option(
+        "--plans-dir", help="Also write each point's plan and problem.")] = None,
+    target_ms: Annotated[float | None, typer.Option(
+        "--target-ms", min=0.0, help="Query: least memory for this time.")] = None,
+    budget_gib: Annotated[float | None, typer.Option(
+        "--budget-gib", min=0.0, help="Query: fastest plan within this memory per GPU.")] = None,
+    offload: Annotated[bool | None, typer.Option(
+        "--offload/--no-offload", help="Allow offload (overrides the input).")] = None,
+    recompute: Annotated[bool | None, typer.Option(
+        "--recompute/--no-recompute", help="Allow recompute (overrides the input).")] = None,
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="CP-SAT workers per solve.")] = None,
     title: Annotated[str | None, typer.Option("--title", help="Title of the plot.")] = None,
 ) -> None:
@@ -135,8 +147,9 @@ def frontier_cmd(
         doc = result.to_document()
         worst = min((d["margin_pct"] for d in doc["dominance"] if d["margin_pct"] is not None), default=0.0)
         beaten = sum(1 for d in doc["dominance"] if d["dominated"])
-        typer.echo(f"done in {result.elapsed_s:.1f}s: {len(result.points)} points, {beaten}/{len(doc['dominance'])}"
-                   f" peer points dominated (smallest margin {worst:.2f}%)", err=True)
+        typer.echo(f"done in {result.elapsed_s:.1f}s: {len(result.points)} points,"
+                   f" {beaten}/{len(doc['dominance'])} peer points dominated (smallest margin {worst:.2f}%)",
+                   err=True)
         if plans_dir is not None:
             for i, p in enumerate(result.points):
                 write_json(p.plan, plans_dir / f"point{i:02d}.plan.json")
