@@ -64,8 +64,8 @@ def cached(build: Callable[[Problem], Schedule]) -> Callable[[Problem], Schedule
 
 
 def unit_twin(problem: Problem) -> Problem:
-    """The same placement and sizes with F = B = W = 1 and free links: the handcrafted patterns are
-    defined on it, then re-timed with the real costs (as the peers' generators are)."""
+    """The same placement and sizes with F = B = W = 1 and free links: the zb-fill patterns are built
+    on it, then re-timed with the real costs (as the peers' generators are)."""
     stages = [s.model_copy(update={"forward_ms": 1.0, "backward_input_ms": 1.0, "backward_weight_ms": 1.0,
                                    "recompute_ms": 1.0})
               for s in problem.stages]
@@ -158,10 +158,10 @@ def _require_zb_v(problem: Problem) -> None:
         raise NotApplicable("zb-v needs V placement: 2 stages per device, stage k and 2P-1-k together")
 
 
-def _run(problem: Problem, cfg: EngineConfig, what: str = "zb-fill") -> Schedule:
+def _run(problem: Problem, cfg: EngineConfig) -> Schedule:
     schedule = run_engine(problem, cfg)
     if schedule is None:
-        raise NotApplicable(f"{what}: the list scheduler could not place every op under its caps")
+        raise NotApplicable("zb-fill: the list scheduler could not place every op under its caps")
     return schedule
 
 
