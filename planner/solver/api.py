@@ -99,10 +99,12 @@ def _seed(problem: Problem, key: str, hint: Plan | None, inc: Incumbent, notes: 
     if any(problem.limit_of(d) != float("inf") for d in range(problem.num_devices)):
         _offer_serialized(problem, key, inc)  # fits any feasible budget, in milliseconds
     for name in names:
-        if inc.plan is not None and ((stop is not None and stop.is_set()) or time.monotonic() >= deadline):
+        if inc.plan is not None:
             if time.monotonic() >= deadline:
                 notes.append(f"seeding ended at the deadline before {name}")
-            return
+                return
+            if stop is not None and stop.is_set():
+                return
         if large and name in SLOW_ON_LARGE and inc.plan is not None and "serialized" not in inc.plan.method:
             continue
         try:
