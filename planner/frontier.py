@@ -372,7 +372,6 @@ def compute_frontier(problem: Problem, points: int = 12, time_limit_s: float = 1
     solve = solve_fn or _default_solve()
     report = on_progress or (lambda _e: None)
     started = time.monotonic()
-    base_key = problem.key()
     peers = peer_points(problem) if peers is None else peers
     report({"event": "peers", "peers": [p.to_dict() for p in peers]})
     free_problem = unlimited(problem)
