@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 from service_support import BIN, make_problem, problem_doc
 
