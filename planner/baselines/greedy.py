@@ -8,9 +8,9 @@ greedy always returns a plan for a feasible budget.
 from __future__ import annotations
 
 import math
-from itertools import zip_longest
 from collections.abc import Callable
 from dataclasses import replace
+from itertools import zip_longest
 
 from ..bounds import first_backward_start, forward_head
 from ..contract import Plan, Problem
