@@ -171,7 +171,7 @@ def measured_costs(problem: Problem, traces: list[Trace]) -> tuple[list[dict[str
             else:
                 samples[k].setdefault(kind, []).append(took)
         idle_since = {}
-        for device, ops in device_ops.items():
+        for ops in device_ops.values():
             compute = [o for o in ops if Kind(o.kind) in COMPUTE_KINDS]
             for before, after in zip([None] + compute, compute):
                 idle_since[(after.kind, after.stage, after.mb)] = before.end_ms if before else float("-inf")
