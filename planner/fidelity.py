@@ -32,6 +32,10 @@ class KindError:
     def error_pct(self) -> float:
         return 100.0 * (self.measured_ms - self.planned_ms) / self.planned_ms if self.planned_ms else 0.0
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "planned_ms": self.planned_ms, "measured_ms": self.measured_ms,
+                "error_pct": self.error_pct}
+
 
 @dataclass
 class PathStep:
@@ -62,10 +66,8 @@ class Fidelity:
     def to_dict(self) -> dict[str, Any]:
         return {
             "predicted_ms": self.predicted_ms, "measured_ms": self.measured_ms, "error_pct": self.error_pct,
-            "by_kind": {k: {"count": e.count, "planned_ms": e.planned_ms, "measured_ms": e.measured_ms,
-                            "error_pct": e.error_pct} for k, e in self.by_kind.items()},
-            "by_stage": {str(k): {"count": e.count, "planned_ms": e.planned_ms, "measured_ms": e.measured_ms,
-                                  "error_pct": e.error_pct} for k, e in self.by_stage.items()},
+            "by_kind": {k: e.to_dict() for k, e in self.by_kind.items()},
+            "by_stage": {str(k): e.to_dict() for k, e in self.by_stage.items()},
             "critical_path": [vars(s) for s in self.critical_path],
         }
 
