@@ -183,6 +183,25 @@ def check_key(key: str) -> str:
     return key
 
 
+def refine_budget(st: ServiceState, requested: float | None) -> float:
+    """A refine job's budget: the request's, else the default; 422 beyond the limit."""
+    s = st.settings
+    budget = requested if requested is not None else s.default_time_budget_s
+    if budget > s.max_time_budget_s:
+        raise ApiError(422, "invalid_request",
+                       f"time_budget_s: {budget} exceeds the limit {s.max_time_budget_s}")
+    return budget
+
+
+def enqueue(st: ServiceState, key: str, job: JobInfo) -> None:
+    """Put the key's queued run on the queue; when that fails (Redis down) the reconciler enqueues it
+    later from SQL."""
+    try:
+        st.queue.enqueue(key, job.run_id, job.budget_s)
+    except Exception as exc:
+        log.warning("enqueue of %s failed (%s); the reconciler will retry", key[:12], exc)
+
+
 # -- POST /v1/plans ---------------------------------------------------------------------------------
 # Every size is checked before any expensive step; the first plan is computed in the thread pool
 # only for small problems (bounded by size), else in a killable child process (service.inline).
@@ -216,10 +235,7 @@ def _submit_job(body: PlanRequest, st: ServiceState, budget: float) -> dict[str,
 async def submit(body: PlanRequest, request: Request, response: Response) -> PlanEnvelope:
     st = state_of(request)
     s = st.settings
-    budget = body.time_budget_s if body.time_budget_s is not None else s.default_time_budget_s
-    if budget > s.max_time_budget_s:
-        raise ApiError(422, "invalid_request",
-                       f"time_budget_s: {budget} exceeds the limit {s.max_time_budget_s}")
+    budget = refine_budget(st, body.time_budget_s)
     key: str | None = None
     memo = None
     if body.spec is not None:
@@ -270,10 +286,7 @@ def _after_first(st: ServiceState, key: str, created: bool, response: Response) 
         st.metrics.cold_posts.inc()
         st.events.publish_revision(key, 1)
         if job is not None and job.state == QUEUED:
-            try:
-                st.queue.enqueue(key, job.run_id, job.budget_s)
-            except Exception as exc:  # Redis down: the reconciler enqueues it later from SQL
-                log.warning("enqueue of %s failed (%s); the reconciler will retry", key[:12], exc)
+            enqueue(st, key, job)
         response.status_code = 201
     best = st.repo.best(key)
     return _envelope(st, key, best, cached=not created, job=job)
@@ -443,18 +456,12 @@ def revisions(key: str, request: Request) -> RevisionList:
 def refine(key: str, request: Request, body: RefineRequest | None = None) -> JobEnvelope:
     check_key(key)
     st = state_of(request)
-    budget = body.time_budget_s if body and body.time_budget_s else st.settings.default_time_budget_s
-    if budget > st.settings.max_time_budget_s:
-        raise ApiError(422, "invalid_request",
-                       f"time_budget_s: {budget} exceeds the limit {st.settings.max_time_budget_s}")
+    budget = refine_budget(st, body.time_budget_s if body else None)
     if st.repo.best_revision(key) is None:
         raise ApiError(404, "not_found", f"no plan cached for key {key}")
     job, queued = st.repo.request_refine(key, budget)
     if queued and job is not None:
-        try:
-            st.queue.enqueue(key, job.run_id, job.budget_s)
-        except Exception as exc:
-            log.warning("enqueue of %s failed (%s); the reconciler will retry", key[:12], exc)
+        enqueue(st, key, job)
         st.events.publish(key, job_message(key, QUEUED))
     return JobEnvelope(problem_key=key, queued=queued, job=job_view(job), links=links(key))
 

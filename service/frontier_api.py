@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -24,7 +23,7 @@ from planner.bounds import MemoryInfeasibleError
 from planner.contract import Plan, Problem
 
 from .admission import stream_admitted
-from .api import _problem_from_spec, check_key, infeasible, state_of
+from .api import _problem_from_spec, enqueue, infeasible, refine_budget, state_of
 from .errors import ApiError
 from .events import ALL
 from .frontier_store import FrontierStore, frontier_key
@@ -32,7 +31,6 @@ from .models import QUEUED
 from .security import require_read, require_write
 from .state import ServiceState
 
-log = logging.getLogger("pipeplan.api")
 router = APIRouter(prefix="/v1", tags=["frontiers"])
 GIB = 1024.0
 
@@ -108,9 +106,7 @@ def create_frontier(body: FrontierRequest, request: Request) -> Any:
 
     st = state_of(request)
     s = st.settings
-    budget = body.time_budget_s if body.time_budget_s is not None else s.default_time_budget_s
-    if budget > s.max_time_budget_s:
-        raise ApiError(422, "invalid_request", f"time_budget_s: {budget} exceeds the limit {s.max_time_budget_s}")
+    budget = refine_budget(st, body.time_budget_s)
     try:
         problem = body.problem if body.problem is not None else _problem_from_spec(body.spec or {})
     except MemoryInfeasibleError as exc:
@@ -132,10 +128,7 @@ def create_frontier(body: FrontierRequest, request: Request) -> Any:
                 if new:
                     st.events.publish_revision(pkey, 1)
                     if job.state == QUEUED:
-                        try:
-                            st.queue.enqueue(pkey, job.run_id, job.budget_s)
-                        except Exception as exc:  # the reconciler enqueues it later from SQL
-                            log.warning("enqueue of %s failed (%s); the reconciler will retry", pkey[:12], exc)
+                        enqueue(st, pkey, job)
                 else:
                     store.offer(pkey, plan, sub)  # a cached point still gets its neighbours' plans
                 point_keys.append((f, pkey))

@@ -138,10 +138,7 @@ async def post_trace(key: str, trace: Trace, request: Request,
                                                          " problem (default from settings).")) -> Response:
     api.check_key(key)
     st = api.state_of(request)
-    budget = time_budget_s if time_budget_s is not None else st.settings.default_time_budget_s
-    if budget > st.settings.max_time_budget_s:
-        raise ApiError(422, "invalid_request",
-                       f"time_budget_s: {budget} exceeds the limit {st.settings.max_time_budget_s}")
+    budget = api.refine_budget(st, time_budget_s)
     trace_json = trace.model_dump_json()
     digest = hashlib.sha256(trace_json.encode()).hexdigest()
     problem, plan, calibrated = await run_in_threadpool(_prepare, st, key, trace, digest)
