@@ -20,12 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from planner.bounds import MemoryInfeasibleError
-from planner.contract import DEFAULT_LIMITS, Limits, Problem
+from planner.contract import Problem
 
 from .errors import MAX_OFFSET, MAX_REVISION, ApiError, reject_nul
 from . import exports_cache, inline
 from .admission import rate_limited, stream_admitted
-from .events import job_message, revision_message
+from .events import job_message
 from .models import CANCELLED, JOB_STATES, QUEUED
 from .outcomes import OUTCOMES
 from .repository import BestPlan, JobInfo
@@ -205,16 +205,6 @@ def enqueue(st: ServiceState, key: str, job: JobInfo) -> None:
 # -- POST /v1/plans ---------------------------------------------------------------------------------
 # Every size is checked before any expensive step; the first plan is computed in the thread pool
 # only for small problems (bounded by size), else in a killable child process (service.inline).
-def infeasible(exc: MemoryInfeasibleError) -> ApiError:
-    return inline.infeasible(exc)
-
-
-def _problem_from_spec(spec: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> Problem:
-    """A spec's problem, sizes checked first (for routes that convert in-process, e.g. frontiers)."""
-    inline.check_spec(spec, limits)
-    return inline.problem_from_spec(spec, limits)
-
-
 def _submit_job(body: PlanRequest, st: ServiceState, budget: float) -> dict[str, Any]:
     s = st.settings
     job: dict[str, Any] = {"limits": s.limits.model_dump(), "database_url": s.resolved_database_url,
@@ -274,7 +264,7 @@ def _first_in_thread(st: ServiceState, problem: Problem, key: str, budget: float
         try:
             plan = inline.first_plan(problem, key, st.settings.inline_greedy_s, st.settings.inline_greedy_max_s)
         except MemoryInfeasibleError as exc:
-            raise infeasible(exc) from None
+            raise inline.infeasible(exc) from None
         _, created, _ = st.repo.store_first(problem, plan, budget, key=key)
         return key, created
 
@@ -595,4 +585,4 @@ async def export_chrome_trace(key: str, request: Request,
     return await _export(request, key, revision, "chrome-trace.json", if_none_match, accept_encoding)
 
 
-__all__ = ["router", "ApiError", "revision_message"]
+__all__ = ["router", "ApiError"]

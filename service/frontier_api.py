@@ -20,10 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from planner.bounds import MemoryInfeasibleError
-from planner.contract import Plan, Problem
+from planner.contract import DEFAULT_LIMITS, Plan, Problem
 
+from . import inline
 from .admission import stream_admitted
-from .api import _problem_from_spec, enqueue, infeasible, refine_budget, state_of
+from .api import KEY_RE, enqueue, refine_budget, state_of
 from .errors import ApiError
 from .events import ALL
 from .frontier_store import FrontierStore, frontier_key
@@ -56,6 +57,12 @@ def frontier_links(key: str) -> dict[str, str]:
     return {"self": f"/v1/frontiers/{key}", "events": f"/v1/frontiers/{key}/events",
             "least_memory": f"/v1/frontiers/{key}/least-memory?target_ms=", "fastest": f"/v1/frontiers/{key}/fastest?budget_gib=",
             "dashboard": f"/dashboard/frontiers/{key}"}
+
+
+def _problem_from_spec(spec: dict[str, Any]) -> Problem:
+    """A spec's problem, converted in-process, sizes checked first."""
+    inline.check_spec(spec, DEFAULT_LIMITS)
+    return inline.problem_from_spec(spec, DEFAULT_LIMITS)
 
 
 def _store(st: ServiceState) -> FrontierStore:
@@ -108,13 +115,10 @@ def create_frontier(body: FrontierRequest, request: Request) -> Any:
     s = st.settings
     budget = refine_budget(st, body.time_budget_s)
     try:
-        problem = body.problem if body.problem is not None else _problem_from_spec(body.spec or {})
+        problem = body.problem if body.problem is not None else _problem_from_spec(body.spec)
     except MemoryInfeasibleError as exc:
-        raise infeasible(exc) from None
-    try:
-        problem.check_limits(s.limits)
-    except ValueError as exc:
-        raise ApiError(422, "too_large", f"problem.{exc}") from None
+        raise inline.infeasible(exc) from None
+    inline.check_problem(problem, s.limits)
     key = frontier_key(problem.key(), body.points)
     store = _store(st)
     created = False
@@ -139,7 +143,7 @@ def create_frontier(body: FrontierRequest, request: Request) -> Any:
 
 
 def _curve(st: ServiceState, key: str) -> dict[str, Any]:
-    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+    if not KEY_RE.fullmatch(key):
         raise ApiError(404, "not_found", "frontier keys are 64 lowercase hex characters (SHA-256)")
     doc = _store(st).curve(key)
     if doc is None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
