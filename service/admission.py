@@ -49,25 +49,19 @@ class Admission:
             self.heavy_running -= 1
             self.heavy.release()
 
-    def open_stream(self) -> None:
-        """Take one of `max_streams` slots, or 503 with Retry-After. Check and count happen together
-        (no await between them), so concurrent requests cannot both take the last slot."""
+    @contextlib.contextmanager
+    def stream_slot(self) -> Iterator[None]:
+        """One of `max_streams` slots, held for the block (an SSE stream, a long-poll), or 503 with
+        Retry-After. Check and count happen together (no await between them), so concurrent requests
+        cannot both take the last slot."""
         if self.streams >= self.settings.max_streams:
             raise unavailable(f"{self.streams} event streams are open on this server (the limit); retry later",
                               self.settings.retry_after_s)
         self.streams += 1
-
-    def close_stream(self) -> None:
-        self.streams -= 1
-
-    @contextlib.contextmanager
-    def stream_slot(self) -> Iterator[None]:
-        """One slot for a long-poll, held while it waits (503 when none is free)."""
-        self.open_stream()
         try:
             yield
         finally:
-            self.close_stream()
+            self.streams -= 1
 
     def check_rate(self, identity: str) -> None:
         """Token bucket per identity: `write_rate_per_min` tokens a minute, bursts up to that many."""
@@ -116,8 +110,5 @@ async def stream_admitted(request: Request) -> AsyncIterator[None]:
     if admission is None:
         yield
         return
-    admission.open_stream()
-    try:
+    with admission.stream_slot():
         yield
-    finally:
-        admission.close_stream()
