@@ -19,9 +19,9 @@ from __future__ import annotations
 import gzip
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 KINDS: dict[str, tuple[str, str]] = {  # kind -> (media type, download file suffix)
     "torch.csv": ("text/csv", ".csv"),
@@ -50,17 +50,27 @@ def render(problem: Any, plan: Any, kind: str) -> bytes:
     return json.dumps(chrome_trace(problem, plan), separators=(",", ":")).encode()
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Gzip `data` into `path` via a temporary file in the same directory and a rename."""
+def _replace(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """`write` into a temporary file beside `path`, then rename it over `path` (readers never see half
+    a file; a failed write leaves no temporary file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as gz:
-            gz.write(data)
+        with os.fdopen(fd, "wb") as raw:
+            write(raw)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Gzip `data` into `path` via a temporary file in the same directory and a rename."""
+    def write(raw: BinaryIO) -> None:
+        with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as gz:
+            gz.write(data)
+
+    _replace(path, write)
 
 
 def build(job: dict[str, Any]) -> dict[str, Any]:
@@ -115,9 +125,4 @@ def write_baselines(root: Path, key: str, rows: list[dict[str, Any]]) -> None:
     across restarts and shared by the API processes of one host."""
     import json
 
-    path = baselines_path(root, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"rows": rows}, f)
-    os.replace(tmp, path)
+    _replace(baselines_path(root, key), lambda raw: raw.write(json.dumps({"rows": rows}).encode()))
