@@ -230,3 +230,48 @@ def test_torch_peers_without_torch(monkeypatch):
     for name in TORCH_PEERS:
         with pytest.raises(NotApplicable, match="torch is not installed"):
             run_baseline(uniform(2, 4, chunks=2, placement="v"), name)
+
+
+def _offloaded(plan: Plan) -> set[tuple[int, int]]:
+    return {(op.stage, op.mb) for d in plan.devices for op in d.ops if op.kind == "OFFLOAD"}
+
+
+@pytest.mark.parametrize("limit", [None, 400.0])
+def test_uniform_pipeoffload_offloads_every_activation_but_the_last_stages(limit):
+    """PipeOffload's uniform strategy (Wan et al. 2025): every activation of every stage but the last
+    goes to the host, whether or not this budget needs it; our transfer pruning must not thin a
+    peer into another schedule. With the activation offloadable, device 0 then holds less than
+    under 1F1B."""
+    from planner.baselines.offload import pipeoffload_outcome
+
+    problem = make_problem(p=8, m=32, limit=limit, weight_grad_mib=100.0, b=1.2, w=0.8, p2p=0.05,
+                           offload=True, offload_ms=1.0, offloadable_mib=100.0)
+    outcome = pipeoffload_outcome(problem, uniform_only=True)
+    plan = outcome.plan()
+    assert "uniform" in outcome.method
+    assert _offloaded(plan) == {(k, i) for k in range(problem.num_stages - 1)
+                                for i in range(problem.num_microbatches)}
+    one_f_one_b = run_baseline(problem.model_copy(update={"devices": [
+        d.model_copy(update={"memory_limit_mib": None}) for d in problem.devices]}), "1f1b")
+    assert plan.peak_memory_mib[0] < one_f_one_b.peak_memory_mib[0]
+
+
+def test_selective_pipeoffload_offloads_exactly_what_outlives_its_round_trip():
+    """The selective strategy offloads the activations whose wait for their backward, on the base
+    schedule without offload, is longer than the copy out and back (the rest stay resident)."""
+    from planner.baselines.offload import pipeoffload_outcome
+
+    problem = make_problem(p=8, m=32, weight_grad_mib=100.0, b=1.2, w=0.8, p2p=0.05, offload=True,
+                           offload_ms=3.0, offloadable_mib=100.0)
+    plan = pipeoffload_outcome(problem).plan()
+    if "selective" not in plan.method:
+        pytest.skip(f"another PipeOffload variant was faster here: {plan.method}")
+    base = plan.method.split(", ")[1]
+    plain = run_baseline(problem, base)
+    times = {(op.kind, op.stage, op.mb): (op.start_ms, op.end_ms) for d in plain.devices for op in d.ops}
+    expected = set()
+    for (kind, k, i), (_, f_end) in times.items():
+        back = times.get(("B", k, i)) or times.get(("BW", k, i))
+        if kind == "F" and k < problem.num_stages - 1 and back[0] - f_end > 6.0 + 1e-6:
+            expected.add((k, i))
+    assert expected and _offloaded(plan) == expected

@@ -14,7 +14,7 @@ from ..contract import Plan, Problem
 from ..memory import host_memory, offloaded_mib, peak_memory, recompute_ms
 from ..ops import BACKWARD_KINDS, Kind, Op, duration
 from ..simulator import DeviceOrder, Gate, Schedule, Timing, build_plan, simulate
-from ..transfers import cost_key, is_treated, prune, retime
+from ..transfers import Pruned, cost_key, is_treated, prune, retime
 from ..validator import assert_valid
 
 TOL = 1e-6
@@ -157,10 +157,12 @@ class Outcome:
         return assert_valid(self.problem, plan, problem_key)
 
 
-def evaluate(problem: Problem, schedule: Schedule, method: str, timing: Timing | None = None) -> Outcome:
+def evaluate(problem: Problem, schedule: Schedule, method: str, timing: Timing | None = None,
+             prune_transfers: bool = True) -> Outcome:
     """Time the schedule and refuse it (DoesNotFit) if it breaks a memory limit; drop the offloads
     and recomputes it does not need (transfers.prune) and refuse it if it still needs more pinned
-    host memory than a device's host limit."""
+    host memory than a device's host limit. A peer's schedule is evaluated with
+    `prune_transfers=False`: pruning would make it another schedule than its authors'."""
     memo = getattr(schedule, "_evaluated", None)  # shared (cached) pattern schedules are timed once
     if timing is None and memo is not None and memo[0] is problem:
         timing, peaks = memo[1], memo[2]
@@ -172,7 +174,7 @@ def evaluate(problem: Problem, schedule: Schedule, method: str, timing: Timing |
         raise does_not_fit(problem, method, peaks)
     if not is_treated(timing.choices):
         return Outcome(problem, schedule, timing, method)
-    thin = prune(problem, schedule, timing)
+    thin = prune(problem, schedule, timing) if prune_transfers else Pruned(schedule, timing, 0)
     host = host_over_limit(problem, thin.schedule, thin.timing)
     if host:
         raise DoesNotFit(f"{method} does not fit the host memory limits: " + "; ".join(host), peaks)

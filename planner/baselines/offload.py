@@ -194,7 +194,8 @@ def _throttled_uniform(problem: Problem) -> Outcome:
         schedule = run_engine(problem, replace(cfg, treat=lambda k, i: "offload" if k in uniform else None))
         if schedule is not None:
             try:
-                best = better(best, evaluate(problem, schedule, f"pipeoffload(uniform, throttled, {name})"))
+                best = better(best, evaluate(problem, schedule, f"pipeoffload(uniform, throttled, {name})",
+                                             prune_transfers=False))
             except (DoesNotFit, ScheduleError):
                 continue
     if best is None:
@@ -239,7 +240,8 @@ def pipeoffload_outcome(problem: Problem, uniform_only: bool = False) -> Outcome
                 continue
             try:
                 best = better(best, evaluate(problem, schedule_of(problem, orders, treat),
-                                             f"pipeoffload({kind}, {base}, {len(treat)} offloads)"))
+                                             f"pipeoffload({kind}, {base}, {len(treat)} offloads)",
+                                             prune_transfers=False))
             except DoesNotFit as exc:
                 last_error = exc
     try:
