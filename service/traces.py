@@ -95,8 +95,10 @@ def _invalid(lines: list[str]) -> ApiError:
     return ApiError(422, "invalid_request", "; ".join(lines), {"detail": lines})
 
 
-def _prepare(st: ServiceState, key: str, trace: Trace, digest: str) -> tuple[Problem, Plan, Problem | None]:
-    """(problem, the plan that ran, the calibrated problem or None when this trace is stored already)."""
+def _prepare(st: ServiceState, key: str, trace: Trace,
+             digest: str) -> tuple[Plan, Problem, TraceInfo | None]:
+    """(the plan that ran, the calibrated problem, the stored trace when this trace was posted before:
+    then the calibrated problem is the one it yielded then)."""
     from planner.fidelity import calibrated_problem
     from planner.trace import check_trace
 
@@ -112,16 +114,20 @@ def _prepare(st: ServiceState, key: str, trace: Trace, digest: str) -> tuple[Pro
     errors = check_trace(problem, plan, trace)
     if errors:  # "ops missing: …" and the like are about the devices' op lists: name the field
         raise _invalid([e if ":" in e.split(" ")[0] else f"devices.ops: {e}" for e in errors])
-    if TraceStore(st.repo).by_digest(key, digest) is not None:
-        return problem, plan, None
-    earlier = [Trace.model_validate_json(doc) for doc in
-               TraceStore(st.repo).documents(key, CALIBRATION_TRACES - 1)]
+    store = TraceStore(st.repo)
+    known = store.by_digest(key, digest)
+    if known is not None:
+        before = st.repo.get_problem(known.calibrated_key) if known.calibrated_key else None
+        if before is None:
+            raise ApiError(404, "not_found", f"the calibrated plan of this trace of {key[:16]}… is gone")
+        return plan, before, known
+    earlier = [Trace.model_validate_json(doc) for doc in store.documents(key, CALIBRATION_TRACES - 1)]
     calibrated = calibrated_problem(problem, [trace, *earlier])
     try:
         calibrated.check_limits(st.settings.limits)
     except ValueError as exc:
         raise ApiError(422, "too_large", f"calibrated problem.{exc}") from None
-    return problem, plan, calibrated
+    return plan, calibrated, None
 
 
 @router.post("/plans/{key}/traces", response_model=TracePosted, status_code=200,
@@ -140,22 +146,12 @@ async def post_trace(key: str, trace: Trace, request: Request,
     budget = api.refine_budget(st, time_budget_s)
     trace_json = trace.model_dump_json()
     digest = hashlib.sha256(trace_json.encode()).hexdigest()
-    problem, plan, calibrated = await run_in_threadpool(_prepare, st, key, trace, digest)
-    store = TraceStore(st.repo)
-    if calibrated is None:  # posted before: answer with what it yielded then
-        info = await run_in_threadpool(store.by_digest, key, digest)
-        calibrated_key = info.calibrated_key if info else None
-        if info is None or calibrated_key is None:
-            raise ApiError(404, "not_found", f"the calibrated plan of this trace of {key[:16]}… is gone")
-        calibrated = await run_in_threadpool(st.repo.get_problem, calibrated_key)
-        if calibrated is None:
-            raise ApiError(404, "not_found", f"the calibrated plan of this trace of {key[:16]}… is gone")
-        created = False
-    else:
-        created = True
+    plan, calibrated, info = await run_in_threadpool(_prepare, st, key, trace, digest)
+    created = info is None  # else posted before: answer with what it yielded then
     sub = Response()
     envelope = await api.submit(api.PlanRequest(problem=calibrated, time_budget_s=budget), request, sub)
     if created:
+        store = TraceStore(st.repo)
         info, created = await run_in_threadpool(
             lambda: store.add(key, trace.revision, digest, trace_json, iteration=trace.iteration,
                               device_kind=trace.device_kind, predicted_ms=plan.makespan_ms,
