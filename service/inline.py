@@ -193,11 +193,9 @@ def revision_one(job: dict[str, Any]) -> dict[str, Any]:
         finally:
             engine.dispose()
         return {"key": key, "created": created}
-    except ApiError as exc:
-        return {"error": {"status": exc.status_code, "code": exc.code, "message": exc.detail, "extra": exc.extra}}
-    except MemoryInfeasibleError as exc:
-        err = infeasible(exc)
-        return {"error": {"status": 422, "code": err.code, "message": err.detail, "extra": err.extra}}
+    except (ApiError, MemoryInfeasibleError) as exc:
+        err = infeasible(exc) if isinstance(exc, MemoryInfeasibleError) else exc
+        return {"error": {"status": err.status_code, "code": err.code, "message": err.detail, "extra": err.extra}}
 
 
 def _child_main(conn, job: dict[str, Any], entry=None) -> None:
