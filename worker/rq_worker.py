@@ -51,16 +51,22 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _where(url: str) -> str:
+    """The Redis URL without its credentials, for messages."""
+    return url.split("@")[-1]
+
+
 def wait_for_redis(connection, url: str, give_up_s: float | None = None) -> None:
     """Ping until Redis answers: exponential backoff (0.5 s .. 10 s, tenacity), one log line per outage."""
     from tenacity import Retrying, retry_if_exception_type, stop_after_delay, stop_never, wait_exponential
 
-    told = {"said": False}
+    said = False
 
     def say(state) -> None:
-        if not told["said"]:
-            told["said"] = True
-            log.warning("Redis at %s is unreachable (%s); retrying with backoff", url.split("@")[-1],
+        nonlocal said
+        if not said:
+            said = True
+            log.warning("Redis at %s is unreachable (%s); retrying with backoff", _where(url),
                         _first_line(state.outcome.exception()))
 
     for attempt in Retrying(retry=retry_if_exception_type(_redis_errors()),
@@ -69,8 +75,8 @@ def wait_for_redis(connection, url: str, give_up_s: float | None = None) -> None
                             before_sleep=say, reraise=True):
         with attempt:
             connection.ping()
-    if told["said"]:
-        log.warning("Redis at %s is reachable again", url.split("@")[-1])
+    if said:
+        log.warning("Redis at %s is reachable again", _where(url))
 
 
 def _clear_stale_name(connection, name: str) -> None:
@@ -104,7 +110,7 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
     try:
         q.connection.ping()
     except _redis_errors() as exc:
-        raise SystemExit(f"error: cannot reach Redis at {settings.redis_url.split('@')[-1]}:"
+        raise SystemExit(f"error: cannot reach Redis at {_where(settings.redis_url)}:"
                          f" {_first_line(exc)}") from None
     ensure_schema(make_engine(settings.resolved_database_url, 1), settings.should_auto_migrate)
     ctx = tasks.configure(settings)
