@@ -67,18 +67,13 @@ def frontier_svg(doc: dict[str, Any], width: int = 1000, height: int = 460) -> s
                  f' (GiB, largest device limit)</text><text class="unit" x="{left - 6}" y="{top - 6}"'
                  f' text-anchor="end">ms</text>')
     edges = [x_of(x) for x in xs] + [left + cw]
-    band = [f"M{_n(edges[0])},{_n(y_of(ms[0]))}"]
-    for i in range(len(points)):
-        band.append(f"H{_n(edges[i + 1])}")
-        if i + 1 < len(points):
-            band.append(f"V{_n(y_of(ms[i + 1]))}")
-    for i in range(len(points) - 1, -1, -1):
-        band.append(f"V{_n(y_of(lb[i]))}H{_n(edges[i])}")
-    parts.append(f'<path class="frontier-band" d="{"".join(band)}Z" fill="{BAND}" fill-opacity="0.45"'
-                 f' stroke="none"><title>gap to the proven lower bound</title></path>')
     step = [f"M{_n(edges[0])},{_n(y_of(ms[0]))}"]
     for i in range(len(points)):
         step.append(f"H{_n(edges[i + 1])}" + (f"V{_n(y_of(ms[i + 1]))}" if i + 1 < len(points) else ""))
+    back = [f"V{_n(y_of(lb[i]))}H{_n(edges[i])}" for i in range(len(points) - 1, -1, -1)]
+    # the band: along the curve, then back along the bounds
+    parts.append(f'<path class="frontier-band" d="{"".join(step + back)}Z" fill="{BAND}" fill-opacity="0.45"'
+                 f' stroke="none"><title>gap to the proven lower bound</title></path>')
     parts.append(f'<path class="frontier-curve" d="{"".join(step)}" fill="none" stroke="{CURVE}"'
                  f' stroke-width="2.5"/>')
     shapes: dict[str, str] = {}
