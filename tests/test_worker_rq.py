@@ -66,6 +66,11 @@ def deployment(tmp_path_factory):
                 client.delete(k)
 
 
+def post_plan(base: str, problem: Problem, budget_s: float) -> httpx.Response:
+    return httpx.post(f"{base}/v1/plans", json={"problem": problem_doc(problem), "time_budget_s": budget_s},
+                      timeout=30)
+
+
 def test_concurrent_duplicate_posts_make_one_job_and_one_revision(deployment):
     base, repo = deployment["base"], deployment["repo"]
     problem = make_problem(devices=4, microbatches=8)
@@ -73,8 +78,7 @@ def test_concurrent_duplicate_posts_make_one_job_and_one_revision(deployment):
     before = queue.count
 
     def post(_):
-        return httpx.post(f"{base}/v1/plans", json={"problem": problem_doc(problem), "time_budget_s": 2},
-                          timeout=30)
+        return post_plan(base, problem, 2)
 
     with ThreadPoolExecutor(24) as pool:
         responses = list(pool.map(post, range(24)))
@@ -93,8 +97,7 @@ def test_worker_improvements_reach_sse_clients_over_redis(deployment):
     key = problem.key()
     worker = start_worker(tmp, "sse-w", **settings)
     try:
-        first = httpx.post(f"{base}/v1/plans", json={"problem": problem_doc(problem), "time_budget_s": 3},
-                           timeout=30).json()
+        first = post_plan(base, problem, 3).json()
         revisions, states = [], []
         with httpx.stream("GET", f"{base}/v1/plans/{key}/events", params={"summary": "true"},
                           headers={"Last-Event-ID": "0"}, timeout=60) as stream:  # replay from revision 1
@@ -128,7 +131,7 @@ def test_sigkilled_worker_job_is_rerun_by_another_worker(deployment):
     try:
         problem = hard_problem()
         key = problem.key()
-        httpx.post(f"{base}/v1/plans", json={"problem": problem_doc(problem), "time_budget_s": 60}, timeout=30)
+        post_plan(base, problem, 60)
         job = wait_for(lambda: (j := repo.job(key)) and j.state == "solving" and j, 20, what="solving")
         time.sleep(3)  # let it solve (and usually store an improvement) before the kill
         victim = job.worker.split("@")[0]
@@ -159,7 +162,7 @@ def test_reconciler_reenqueues_jobs_lost_when_redis_loses_its_data(deployment):
     base, tmp, settings, repo = deployment["base"], deployment["tmp"], deployment["settings"], deployment["repo"]
     problem = make_problem(devices=4, microbatches=6, limit_mib=4000.0)
     key = problem.key()
-    httpx.post(f"{base}/v1/plans", json={"problem": problem_doc(problem), "time_budget_s": 1}, timeout=30)
+    post_plan(base, problem, 1)
     lost_run = repo.job(key).run_id
     redis.Redis.from_url(REDIS_URL).flushdb()  # Redis restarted without persistence
     worker = start_worker(tmp, "after-flush", **settings)
@@ -196,8 +199,7 @@ def test_a_spent_budget_is_reported_with_its_gap_never_as_optimal(deployment):
     key = problem.key()
     worker = start_worker(tmp, "budget-w", **settings)
     try:
-        first = httpx.post(f"{base}/v1/plans", json={"problem": problem_doc(problem), "time_budget_s": 2},
-                           timeout=30).json()
+        first = post_plan(base, problem, 2).json()
         assert first["job"]["state"] == "queued" and first["job"]["outcome"] is None
         job = finished(base, key, 60)
         assert job["state"] == "done" and job["outcome"] in ("budget", "stalled"), (job, worker.output())
@@ -224,8 +226,7 @@ def test_a_proven_optimum_is_reported_optimal_before_the_budget_ends(deployment)
     key = problem.key()
     worker = start_worker(tmp, "optimal-w", **settings)
     try:
-        first = httpx.post(f"{base}/v1/plans", json={"problem": problem_doc(problem), "time_budget_s": 60},
-                           timeout=30).json()
+        first = post_plan(base, problem, 60).json()
         assert first["plan"]["status"] == "feasible" and first["job"]["state"] == "queued"
         job = finished(base, key, 50)
         assert (job["state"], job["outcome"], job["gap_pct"]) == ("done", "optimal", 0.0), (job, worker.output())
