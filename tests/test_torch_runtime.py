@@ -40,7 +40,7 @@ def check_run(problem, plans, reports) -> None:
         for plan, step in zip(plans, report["steps"]):
             for k, grads in step["grads"].items():
                 for got, want in zip(grads, reference[int(k)]):
-                    assert torch.allclose(torch.tensor(got), want, atol=1e-6, rtol=0), (rank, k)
+                    assert torch.allclose(torch.tensor(got, dtype=want.dtype), want, atol=1e-6, rtol=0), (rank, k)
             assert [x[:2] for x in step["offloaded"]] == pairs_on(plan, rank, Kind.OFFLOAD)
             assert all(x[2] > 0 for x in step["offloaded"]), "an offload moved no bytes"
             # the device copies are really released (nothing else keeps the offloaded activations)

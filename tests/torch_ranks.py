@@ -173,17 +173,21 @@ def reference_grads(num_stages: int, microbatches: int):
     """The same model on one process, no pipeline: mean of the per-microbatch losses."""
     import torch
 
-    torch.set_default_dtype(torch.float64)
-    layers = make_layers(num_stages)
-    x, y = batch(microbatches)
-    total = 0
-    for xs, ys in zip(x.chunk(microbatches), y.chunk(microbatches)):
-        h = xs
-        for layer in layers:
-            h = layer(h)
-        total = total + mse(h, ys)
-    (total / microbatches).backward()
-    return [grads_of(layer) for layer in layers]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # as the ranks run; set back so later tests see their own
+    try:
+        layers = make_layers(num_stages)
+        x, y = batch(microbatches)
+        total = 0
+        for xs, ys in zip(x.chunk(microbatches), y.chunk(microbatches)):
+            h = xs
+            for layer in layers:
+                h = layer(h)
+            total = total + mse(h, ys)
+        (total / microbatches).backward()
+        return [grads_of(layer) for layer in layers]
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def spawn(jobs: list[tuple[Problem, list[Plan]]], out_dir: str, steps_per_plan: int = 1) -> list[list[dict]]:
