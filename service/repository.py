@@ -461,7 +461,7 @@ class Repository:
 
 @dataclass(frozen=True)
 class TraceInfo:
-    """A stored trace's summary (the document itself: `Repository.trace_document`)."""
+    """A stored trace's summary (the document itself: `TraceStore.document`)."""
 
     id: int
     problem_key: str
@@ -507,14 +507,17 @@ class TraceStore:
                 device_kind=device_kind, predicted_ms=predicted_ms, measured_ms=measured_ms,
                 calibrated_key=calibrated_key, created_at=utcnow()).returning(TraceRow.id))
             created = res.scalar() is not None
-            row = conn.execute(select(*_TRACE_COLUMNS).where(TraceRow.problem_key == key,
-                                                              TraceRow.digest == digest)).first()
-        return _trace_info(row), created
+            info = self._by_digest(conn, key, digest)
+        return info, created
 
     def by_digest(self, key: str, digest: str) -> TraceInfo | None:
         with self.repo.engine.connect() as conn:
-            row = conn.execute(select(*_TRACE_COLUMNS).where(TraceRow.problem_key == key,
-                                                              TraceRow.digest == digest)).first()
+            return self._by_digest(conn, key, digest)
+
+    @staticmethod
+    def _by_digest(conn: Any, key: str, digest: str) -> TraceInfo | None:
+        row = conn.execute(select(*_TRACE_COLUMNS).where(TraceRow.problem_key == key,
+                                                          TraceRow.digest == digest)).first()
         return None if row is None else _trace_info(row)
 
     def listing(self, key: str, limit: int = 100) -> list[TraceInfo]:
