@@ -24,11 +24,12 @@ log = logging.getLogger("pipeplan.db")
 
 @dataclass(frozen=True)
 class DbTimeouts:
-    """Seconds: pool checkout wait, server statement timeout, client wait for one answer."""
+    """Seconds: pool checkout wait, server statement timeout, client wait for one answer (the values
+    come from the settings: db_pool_timeout_s, db_statement_timeout_s, db_answer_timeout_s)."""
 
-    pool_s: float = 1.0
-    statement_s: float = 5.0
-    answer_s: float = 1.0
+    pool_s: float
+    statement_s: float
+    answer_s: float
 
     @classmethod
     def from_settings(cls, settings: Any) -> DbTimeouts:
