@@ -26,7 +26,7 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from pipeplan.settings import Settings, get_settings
 
-from . import api, frontier_api, openapi
+from . import api, frontier_api, openapi, traces
 from .errors import CatchAllMiddleware, error_responses
 from .metrics import BodyLimitMiddleware, Metrics, MetricsMiddleware, StateCollector
 from .state import ServiceState
@@ -90,7 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.pipeplan = state
     app.include_router(api.router)
     app.include_router(frontier_api.router)  # /v1/frontiers (docs/frontier.md)
-    app.include_router(importlib.import_module("service.traces").router)  # /v1/plans/{key}/traces (docs/trace.md)
+    app.include_router(traces.router)  # /v1/plans/{key}/traces (docs/trace.md)
 
     @app.exception_handler(api.ApiError)
     async def _api_error(request: Request, exc: api.ApiError):
