@@ -153,3 +153,20 @@ def test_cli_fidelity_prints_the_report_and_writes_calibrated_problem_and_chrome
     paths["plan"].write_text(other.model_dump_json())
     bad = runner.invoke(app, args)
     assert bad.exit_code == 2 and "is not a run of" in bad.output
+
+
+def test_an_emulated_wait_ends_at_its_deadline_not_a_sleep_s_overshoot_later():
+    """Emulated ops are padded to an absolute end time; a plain sleep wakes 50-100 µs late on Linux,
+    which adds up along a critical path. Never early; typically within a small fraction of that."""
+    import statistics
+    import time
+
+    from client.emulation import wait_until
+
+    late = []
+    for _ in range(30):
+        deadline = time.perf_counter() + 0.003
+        wait_until(deadline)
+        late.append(time.perf_counter() - deadline)
+    assert min(late) >= 0
+    assert statistics.median(late) < 60e-6, statistics.median(late)
