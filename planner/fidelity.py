@@ -147,14 +147,54 @@ _FIELDS = {"F": "forward_ms", "B": "backward_input_ms", "W": "backward_weight_ms
            "RECOMPUTE": "recompute_ms", "OFFLOAD": "offload_ms", "RELOAD": "reload_ms"}
 
 
-def measured_costs(problem: Problem, traces: list[Trace]) -> tuple[list[dict[str, float]], float | None]:
-    """Per stage, the median measured duration of each op kind; and the measured link time.
+def runtime_overhead_samples(problem: Problem, trace: Trace) -> list[float]:
+    """Gaps between back-to-back compute ops on one device whose next op was ready: the time the
+    runtime itself keeps the device between ops (dispatch, the sends it issues, its own bookkeeping).
 
-    A full backward (BW) counts as B + W in the planned ratio of the two. The link time is the median
-    of cross-device waits: a consumer that sat idle until its producer on another device ended shows
-    the link's real latency (end of producer to start of consumer).
+    The next op counts as ready when every op it depends on had ended by the time the op before it
+    ended (one on another device at least the problem's link time earlier), so a gap is not a wait.
+    """
+    measured = trace.plan_ops()
+    keys = [k for k in measured if k[1] < problem.num_stages]
+    choices, _ = choices_from_ops(problem, [_op(*k) for k in keys])
+    device_of = {k: problem.stages[k[1]].device for k in keys}
+    samples: list[float] = []
+    for d in trace.devices:
+        compute = sorted((o for o in d.ops if o.kind in _FIELDS or o.kind == "BW"), key=lambda o: o.start_ms)
+        compute = [o for o in compute if Kind(o.kind) in COMPUTE_KINDS]
+        for before, after in zip(compute, compute[1:]):
+            key = (after.kind, after.stage, after.mb)
+            if key not in device_of or (after.stage, after.mb) not in choices:
+                continue
+            ready = True
+            for dep in deps(problem, _op(*key), choices):
+                dk = (dep.before.kind.value, dep.before.stage, dep.before.mb)
+                if dk not in measured:
+                    continue
+                lag = dep.lag_ms if device_of.get(dk) != device_of[key] else 0.0
+                if measured[dk].end_ms + lag > before.end_ms + 1e-9:
+                    ready = False
+                    break
+            if ready:
+                samples.append(max(0.0, after.start_ms - before.end_ms))
+    return samples
+
+
+def measured_costs(problem: Problem, traces: list[Trace]
+                   ) -> tuple[list[dict[str, float]], float | None, float]:
+    """Per stage, the median measured cost of each op kind; the measured link time; the runtime's
+    overhead per compute op.
+
+    The overhead is the median gap the runtime leaves between a compute op and the next one when
+    that one was ready (`runtime_overhead_samples`); it is time the device is not free for the plan,
+    so it is counted into every compute op's cost. A full backward (BW) counts as B + W in the
+    planned ratio of the two. The link time is the median of cross-device waits: a consumer that sat
+    idle until its producer on another device ended shows the link's real latency (end of producer
+    to start of consumer, less the overhead already counted into the producer's cost).
     """
     samples: list[dict[str, list[float]]] = [{} for _ in problem.stages]
+    gaps = [g for trace in traces for g in runtime_overhead_samples(problem, trace)]
+    overhead = statistics.median(gaps) if gaps else 0.0
     links: list[float] = []
     for trace in traces:
         measured = trace.plan_ops()
@@ -163,7 +203,7 @@ def measured_costs(problem: Problem, traces: list[Trace]) -> tuple[list[dict[str
         for (kind, k, _), m in measured.items():
             if k >= problem.num_stages:
                 continue
-            took = m.end_ms - m.start_ms
+            took = m.end_ms - m.start_ms + (overhead if Kind(kind) in COMPUTE_KINDS else 0.0)
             if kind == "BW":
                 s = problem.stages[k]
                 total = s.backward_input_ms + s.backward_weight_ms
@@ -189,18 +229,20 @@ def measured_costs(problem: Problem, traces: list[Trace]) -> tuple[list[dict[str
                 continue
             arrived = measured[producer].end_ms
             if idle_since.get((kind, k, i), float("inf")) <= arrived:  # the consumer was waiting on it
-                links.append(max(0.0, m.start_ms - arrived))
+                links.append(max(0.0, m.start_ms - arrived - overhead))
     costs = [{kind: statistics.median(values) for kind, values in s.items() if values} for s in samples]
-    return costs, (statistics.median(links) if links else None)
+    return costs, (statistics.median(links) if links else None), overhead
 
 
 def calibrated_problem(problem: Problem, traces: list[Trace]) -> Problem:
     """`problem` with its durations replaced by the measured medians (memory and options kept).
 
-    Costs the traces did not measure keep the problem's values. The result records its origin in
+    Compute costs include the runtime's measured overhead per op (`measured_costs`), so the
+    calibrated problem predicts the runtime as it ran, not only its kernels. Costs the traces did not
+    measure keep the problem's values. The result records its origin (and that overhead) in
     `metadata.calibrated_from` (so it has its own key) and is a problem v1 like any other.
     """
-    costs, link = measured_costs(problem, traces)
+    costs, link, overhead = measured_costs(problem, traces)
     doc = problem.model_dump(mode="json")
     for k, stage in enumerate(doc["stages"]):
         for kind, value in costs[k].items():
@@ -209,7 +251,7 @@ def calibrated_problem(problem: Problem, traces: list[Trace]) -> Problem:
         doc["p2p_ms"] = link
     doc["metadata"] = {**doc.get("metadata", {}), "calibrated_from": {
         "problem_key": problem.key(), "traces": len(traces),
-        "revisions": sorted({t.revision for t in traces})}}
+        "revisions": sorted({t.revision for t in traces}), "runtime_overhead_ms": overhead}}
     return Problem.model_validate(doc)
 
 

@@ -27,14 +27,20 @@ def problem(p2p: float = 1.0) -> Problem:
         "devices": [{"memory_limit_mib": None} for _ in range(4)]})
 
 
-def replay(problem: Problem, plan, slow_stage: int | None = None, factor: float = 2.0) -> Trace:
-    """A 'measurement' of `plan`: its orders re-timed under costs where one stage is `factor` slower."""
+def replay(problem: Problem, plan, slow_stage: int | None = None, factor: float = 2.0,
+           overhead: float = 0.0) -> Trace:
+    """A 'measurement' of `plan`: its orders re-timed under costs where one stage is `factor` slower;
+    with `overhead`, the runtime keeps the device that long after every compute op (the op's own
+    measured end is before it)."""
     from planner.simulator import schedule_from_plan, simulate
 
     doc = problem.model_dump(mode="json")
     if slow_stage is not None:
         for name in ("forward_ms", "backward_input_ms", "backward_weight_ms", "recompute_ms"):
             doc["stages"][slow_stage][name] *= factor
+    for stage in doc["stages"]:
+        for name in ("forward_ms", "backward_input_ms", "backward_weight_ms"):
+            stage[name] += overhead
     truth = Problem.model_validate(doc)
     timing = simulate(truth, schedule_from_plan(plan))
     devices = []
@@ -44,6 +50,7 @@ def replay(problem: Problem, plan, slow_stage: int | None = None, factor: float 
             from planner.ops import Kind, Op
 
             start, end = timing.times[Op(Kind(p.kind), p.stage, p.mb)]
+            end -= overhead if p.kind in ("F", "B", "W") else 0.0
             ops.append({"kind": p.kind, "stage": p.stage, "mb": p.mb, "start_ms": start + 5.0, "end_ms": end + 5.0})
         devices.append({"device": dp.device, "ops": ops, "memory_source": "saved_tensors", "peak_memory_mib": 1.0})
     return Trace.model_validate({"problem_key": plan.problem_key, "revision": plan.revision, "clock": "monotonic",
@@ -87,6 +94,19 @@ def test_link_latency_is_measured_from_waiting_consumers():
     plan = run_baseline(prob, "1f1b")
     trace = replay(problem(p2p=3.0), plan.model_copy(update={"problem_key": plan.problem_key}))
     assert calibrated_problem(prob, [trace]).p2p_ms == pytest.approx(3.0)
+
+
+def test_the_runtime_s_overhead_between_ops_is_counted_into_each_op_and_not_into_the_link():
+    prob = problem(p2p=1.0)
+    plan = run_baseline(prob, "zb-h1")
+    trace = replay(prob, plan, overhead=0.3)
+    assert fidelity(prob, plan, trace).measured_ms > plan.makespan_ms + 3  # the overhead adds up
+    calibrated = calibrated_problem(prob, [trace])
+    assert calibrated.metadata["calibrated_from"]["runtime_overhead_ms"] == pytest.approx(0.3)
+    assert calibrated.stages[1].forward_ms == pytest.approx(2.3)
+    assert calibrated.stages[1].backward_weight_ms == pytest.approx(2.3)
+    assert calibrated.p2p_ms == pytest.approx(1.0)
+    assert retime(calibrated, plan) == pytest.approx(trace.makespan_ms)  # predicts what was measured
 
 
 def test_synchronous_copies_cost_the_overlap_the_plan_counts_on():
