@@ -18,7 +18,7 @@ from typing import Any
 
 from .contract import Plan, Problem
 from .memory import TimedOp, memory_curve
-from .ops import Kind, Lane, Op, choices_from_ops, lane_of
+from .ops import KIND_BY_NAME, Kind, Lane, Op, choices_from_ops, lane_of, op_of
 
 TORCH_ACTION = {Kind.F: "F", Kind.B: "I", Kind.W: "W", Kind.BW: "B"}
 MEMORY_ACTIONS_FORMAT = "pipeplan.torch-memory/v1"
@@ -39,8 +39,8 @@ def torch_actions(plan: Plan) -> list[list[str]]:
     """Per device (rank), its compute actions in execution order as torch action strings."""
     rows = []
     for dp in _sorted_devices(plan):
-        rows.append([f"{p.stage}{TORCH_ACTION[Kind(p.kind)]}{p.mb}" for p in _ordered_ops(dp)
-                     if Kind(p.kind) in TORCH_ACTION])
+        rows.append([f"{p.stage}{TORCH_ACTION[KIND_BY_NAME[p.kind]]}{p.mb}" for p in _ordered_ops(dp)
+                     if KIND_BY_NAME[p.kind] in TORCH_ACTION])
     return rows
 
 
@@ -85,7 +85,7 @@ def chrome_trace(problem: Problem, plan: Plan) -> dict[str, Any]:
     stepping exactly as CONTRACT.md's memory model (planner.memory.memory_curve).
     """
     events: list[dict[str, Any]] = []
-    all_ops = [Op(Kind(p.kind), p.stage, p.mb) for dp in plan.devices for p in dp.ops]
+    all_ops = [op_of(p) for dp in plan.devices for p in dp.ops]
     choices, errors = choices_from_ops(problem, all_ops)
     if errors:
         raise ValueError("plan does not match the problem: " + "; ".join(errors[:5]))
@@ -103,7 +103,7 @@ def chrome_trace(problem: Problem, plan: Plan) -> dict[str, Any]:
                            "args": {"sort_index": tid}})
         timed = []
         for p in _ordered_ops(dp):
-            kind = Kind(p.kind)
+            kind = KIND_BY_NAME[p.kind]
             timed.append(TimedOp(Op(kind, p.stage, p.mb), p.start_ms, p.end_ms))
             events.append({
                 "ph": "X", "name": f"{kind.value} s{p.stage} mb{p.mb}", "cat": kind.value,
@@ -154,7 +154,7 @@ def chrome_trace_compared(problem: Problem, plan: Plan, trace: Any) -> dict[str,
                            "args": {"sort_index": tid}})
         for op in device.ops:
             comm = op.kind not in Kind.__members__
-            tid = _COMM_TID if comm else _MEASURED_TID[lane_of(Kind(op.kind))]
+            tid = _COMM_TID if comm else _MEASURED_TID[lane_of(KIND_BY_NAME[op.kind])]
             args: dict[str, Any] = {"kind": op.kind, "stage": op.stage, "mb": op.mb,
                                     "start_ms": op.start_ms - origin, "end_ms": op.end_ms - origin}
             if (p := planned.get((op.kind, op.stage, op.mb))) is not None:

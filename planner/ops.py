@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import NamedTuple
 
-from .contract import Problem
+from .contract import PlanOp, Problem
 
 
 class Kind(str, Enum):
@@ -20,6 +20,9 @@ class Kind(str, Enum):
     OFFLOAD = "OFFLOAD"
     RELOAD = "RELOAD"
     RECOMPUTE = "RECOMPUTE"
+
+
+KIND_BY_NAME = {kind.value: kind for kind in Kind}  # a dict lookup, not Enum.__call__ (hot in validation)
 
 
 class Lane(str, Enum):
@@ -42,6 +45,11 @@ class Op(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.kind.value}(stage {self.stage}, mb {self.mb})"
+
+
+def op_of(pop: PlanOp) -> Op:
+    """The identity of a plan document's op."""
+    return Op(KIND_BY_NAME[pop.kind], pop.stage, pop.mb)
 
 
 class Dep(NamedTuple):
@@ -172,41 +180,63 @@ def choices_from_ops(problem: Problem, ops: list[Op]) -> tuple[dict[tuple[int, i
     """
     present: dict[tuple[int, int], dict[Kind, int]] = {}
     errors: list[str] = []
+    stages, microbatches = range(problem.num_stages), range(problem.num_microbatches)
     for op in ops:
-        if not (0 <= op.stage < problem.num_stages and 0 <= op.mb < problem.num_microbatches):
+        if not (op.stage in stages and op.mb in microbatches):
             errors.append(f"{op}: no such stage or microbatch in the problem")
             continue
         kinds = present.setdefault((op.stage, op.mb), {})
         kinds[op.kind] = kinds.get(op.kind, 0) + 1
-    choices: dict[tuple[int, int], Choice] = {}
     opts = problem.options
-    for k in range(problem.num_stages):
-        for i in range(problem.num_microbatches):
+    # the common shapes, checked by one set comparison each (the full rules run only for the rest)
+    from_kinds = {frozenset(op.kind for op in ops_of(0, 0, c)): c for c in _choices_allowed(opts)}
+    choices: dict[tuple[int, int], Choice] = {}
+    for k in stages:
+        for i in microbatches:
             kinds = present.get((k, i), {})
-            where = f"stage {k}, mb {i}"
-            for kind, count in kinds.items():
-                if count > 1:
-                    errors.append(f"{kind.value}({where}) appears {count} times")
-            split = Kind.B in kinds or Kind.W in kinds
-            offload = Kind.OFFLOAD in kinds or Kind.RELOAD in kinds
-            recompute = Kind.RECOMPUTE in kinds
-            if Kind.F not in kinds:
-                errors.append(f"F({where}) is missing")
-            if split and Kind.BW in kinds:
-                errors.append(f"({where}) has both BW and B/W")
-            if split and not (Kind.B in kinds and Kind.W in kinds):
-                errors.append(f"({where}) has only one of B and W")
-            if not split and Kind.BW not in kinds:
-                errors.append(f"({where}) has no backward (B+W or BW)")
-            if split and not opts.split_backward:
-                errors.append(f"({where}) splits B and W but options.split_backward is false")
-            if offload and not (Kind.OFFLOAD in kinds and Kind.RELOAD in kinds):
-                errors.append(f"({where}) has OFFLOAD without RELOAD or the reverse")
-            if offload and not opts.offload:
-                errors.append(f"({where}) offloads but options.offload is false")
-            if recompute and not opts.recompute:
-                errors.append(f"({where}) recomputes but options.recompute is false")
-            if offload and recompute:
-                errors.append(f"({where}) both offloads and recomputes")
-            choices[(k, i)] = Choice(split=split, offload=offload, recompute=recompute)
+            choice = from_kinds.get(frozenset(kinds)) if len(kinds) == sum(kinds.values()) else None
+            choices[(k, i)] = choice if choice is not None else _checked_choice(k, i, kinds, opts, errors)
     return choices, errors
+
+
+def _choices_allowed(opts) -> list[Choice]:
+    """Every choice the options permit."""
+    splits = (True, False) if opts.split_backward else (False,)
+    out = []
+    for split in splits:
+        out.append(Choice(split))
+        if opts.offload:
+            out.append(Choice(split, offload=True))
+        if opts.recompute:
+            out.append(Choice(split, recompute=True))
+    return out
+
+
+def _checked_choice(k: int, i: int, kinds: dict[Kind, int], opts, errors: list[str]) -> Choice:
+    """The choice of an op set that is not one of the allowed shapes, with every reason appended."""
+    where = f"stage {k}, mb {i}"
+    for kind, count in kinds.items():
+        if count > 1:
+            errors.append(f"{kind.value}({where}) appears {count} times")
+    split = Kind.B in kinds or Kind.W in kinds
+    offload = Kind.OFFLOAD in kinds or Kind.RELOAD in kinds
+    recompute = Kind.RECOMPUTE in kinds
+    if Kind.F not in kinds:
+        errors.append(f"F({where}) is missing")
+    if split and Kind.BW in kinds:
+        errors.append(f"({where}) has both BW and B/W")
+    if split and not (Kind.B in kinds and Kind.W in kinds):
+        errors.append(f"({where}) has only one of B and W")
+    if not split and Kind.BW not in kinds:
+        errors.append(f"({where}) has no backward (B+W or BW)")
+    if split and not opts.split_backward:
+        errors.append(f"({where}) splits B and W but options.split_backward is false")
+    if offload and not (Kind.OFFLOAD in kinds and Kind.RELOAD in kinds):
+        errors.append(f"({where}) has OFFLOAD without RELOAD or the reverse")
+    if offload and not opts.offload:
+        errors.append(f"({where}) offloads but options.offload is false")
+    if recompute and not opts.recompute:
+        errors.append(f"({where}) recomputes but options.recompute is false")
+    if offload and recompute:
+        errors.append(f"({where}) both offloads and recomputes")
+    return Choice(split=split, offload=offload, recompute=recompute)

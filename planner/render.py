@@ -22,7 +22,7 @@ from matplotlib.patches import Patch
 
 from .contract import Plan, Problem
 from .memory import TimedOp, memory_curve
-from .ops import Kind, Lane, Op, choices_from_ops, lane_of
+from .ops import Kind, Lane, choices_from_ops, lane_of, op_of
 
 # Okabe-Ito / Tol colour-blind-safe palette, one colour per op kind everywhere pipeplan draws.
 PALETTE: dict[Kind, str] = {
@@ -66,7 +66,7 @@ def _ops_by_device(plan: Plan, problem: Problem) -> dict[int, list[TimedOp]]:
     out: dict[int, list[TimedOp]] = defaultdict(list)
     for dp in plan.devices:
         for pop in dp.ops:
-            op = Op(Kind(pop.kind), pop.stage, pop.mb)
+            op = op_of(pop)
             if op.stage < problem.num_stages and op.mb < problem.num_microbatches:
                 out[dp.device].append(TimedOp(op, pop.start_ms, pop.end_ms))
     return out

@@ -25,7 +25,7 @@ import numpy as np
 
 from .contract import Plan, Problem
 from .memory import TimedOp, _tick, host_memory, peak_memory
-from .ops import LANES, Choice, Kind, Op, choices_from_ops, memory_delta
+from .ops import LANES, Choice, Kind, Op, choices_from_ops, memory_delta, op_of
 from .simulator import DeviceOrder, Schedule, ScheduleError, Timing, build_plan, schedule_from_plan, simulate
 
 HEADROOM = 1e-7  # relative: prune stays this far inside the validator's 1e-6 tolerance on limits
@@ -102,7 +102,7 @@ def prune_plan(problem: Problem, plan: Plan) -> Plan:
     or `plan` itself when it has none to drop. Not validated here: the caller validates."""
     if not any(op.kind in ("OFFLOAD", "RECOMPUTE") for dp in plan.devices for op in dp.ops):
         return plan
-    times = {Op(Kind(o.kind), o.stage, o.mb): (o.start_ms, o.end_ms) for dp in plan.devices for o in dp.ops}
+    times = {op_of(o): (o.start_ms, o.end_ms) for dp in plan.devices for o in dp.ops}
     choices, errors = choices_from_ops(problem, list(times))
     if errors:
         return plan

@@ -11,7 +11,7 @@ from collections import defaultdict
 
 from .contract import Plan, Problem
 from .memory import TimedOp, host_memory, memory_curve, offloaded_mib, recompute_ms
-from .ops import COMPUTE_KINDS, LANES, Kind, Op, choices_from_ops, deps, duration, lane_of
+from .ops import COMPUTE_KINDS, LANES, Lane, choices_from_ops, deps, duration, lane_of, op_of
 
 MAX_REPORTED_PER_CHECK = 20
 
@@ -50,7 +50,7 @@ def validate_plan(problem: Problem, plan: Plan, problem_key: str | None = None) 
     for dp in plan.devices:
         previous_start = -math.inf
         for pop in dp.ops:
-            op = Op(Kind(pop.kind), pop.stage, pop.mb)
+            op = op_of(pop)
             if not (math.isfinite(pop.start_ms) and math.isfinite(pop.end_ms)):
                 out.append(f"{op}: start_ms and end_ms must be finite")
                 continue
@@ -97,8 +97,11 @@ def validate_plan(problem: Problem, plan: Plan, problem_key: str | None = None) 
         per_device[device].append(t)
     overlaps = []
     for device, ops in sorted(per_device.items()):
+        by_lane: dict[Lane, list[TimedOp]] = defaultdict(list)
+        for t in ops:
+            by_lane[lane_of(t.op.kind)].append(t)
         for lane in LANES:
-            on_lane = sorted((t for t in ops if lane_of(t.op.kind) is lane), key=lambda t: (t.start, t.end))
+            on_lane = sorted(by_lane[lane], key=lambda t: (t.start, t.end))
             for a, b in zip(on_lane, on_lane[1:]):
                 if not not_before(b.start, a.end):
                     overlaps.append(f"device {device} {lane.value} lane: {b.op} starts at {b.start:.6g} ms"

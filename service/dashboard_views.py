@@ -16,7 +16,7 @@ from html import escape
 
 from planner.contract import Plan, Problem
 from planner.memory import TimedOp, memory_curve
-from planner.ops import Kind, Lane, Op, choices_from_ops, lane_of
+from planner.ops import Kind, Lane, choices_from_ops, lane_of, op_of
 
 # Colour per op kind: the same table drives the SVG classes (CSS) and the legend.
 KIND_COLOURS: dict[str, str] = {
@@ -306,13 +306,13 @@ MEM_GAP = 14
 
 def memory_curves(problem: Problem, plan: Plan) -> list[list[tuple[float, float]]]:
     """planner.memory.memory_curve for every device of the plan (choices read back from its ops)."""
-    all_ops = [Op(Kind(o.kind), o.stage, o.mb) for dp in plan.devices for o in dp.ops]
+    all_ops = [op_of(o) for dp in plan.devices for o in dp.ops]
     choices, _ = choices_from_ops(problem, all_ops)
     by_device = {dp.device: dp for dp in plan.devices}
     curves = []
     for d in range(problem.num_devices):
         dp = by_device.get(d)
-        timed = [TimedOp(Op(Kind(o.kind), o.stage, o.mb), o.start_ms, o.end_ms)
+        timed = [TimedOp(op_of(o), o.start_ms, o.end_ms)
                  for o in (dp.ops if dp else [])]
         curves.append(memory_curve(problem, d, timed, choices) if timed else [(0.0, problem.devices[d].static_mib)])
     return curves

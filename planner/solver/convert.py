@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from ..contract import Plan, Problem
-from ..ops import Choice, Kind, Op, choices_from_ops, deps, duration, lane_of
+from ..ops import Choice, Kind, Op, choices_from_ops, deps, duration, lane_of, op_of
 from ..simulator import DeviceOrder, Schedule, Timing, build_plan, schedule_from_plan, simulate
 from ..validator import validate_plan
 from .scaling import Scale, time_values
@@ -63,7 +63,7 @@ def plan_times(plan: Plan, split: bool, problem: Problem) -> tuple[dict[Op, tupl
     times: dict[Op, tuple[float, float]] = {}
     for dp in plan.devices:
         for pop in dp.ops:
-            op = Op(Kind(pop.kind), pop.stage, pop.mb)
+            op = op_of(pop)
             if split and op.kind is Kind.BW:
                 mid = pop.start_ms + duration(problem, Op(Kind.B, op.stage, op.mb))
                 times[Op(Kind.B, op.stage, op.mb)] = (pop.start_ms, mid)
