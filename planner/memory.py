@@ -57,6 +57,27 @@ def memory_curve(
     return _step_curve(events, problem.devices[device].static_mib)
 
 
+def order_peak(problem: Problem, device: int, compute: Iterable[Op]) -> float:
+    """`device`'s peak memory from its compute order alone, for a device without copies.
+
+    Ops on one lane run one after another, so each op's frees come before the next op's allocation
+    whatever the times (and CONTRACT.md counts frees first at equal times): the order fixes the
+    curve. A schedule that cannot fit is thus refused before it is simulated or even checked."""
+    compute = list(compute)
+    # a choice matters to memory_delta only for F's allocation, and a device's own order shows it
+    recomputed = {(op.stage, op.mb) for op in compute if op.kind == Kind.RECOMPUTE}
+    level = peak = problem.devices[device].static_mib
+    for op in compute:
+        alloc, free = memory_delta(problem, op, _RECOMPUTED if (op.stage, op.mb) in recomputed else _KEPT)
+        level += alloc
+        peak = max(peak, level)
+        level += free
+    return peak
+
+
+_KEPT, _RECOMPUTED = Choice(split=False), Choice(split=False, recompute=True)
+
+
 def peak_memory(
     problem: Problem, device: int, ops: Iterable[TimedOp], choices: dict[tuple[int, int], Choice]
 ) -> float:
@@ -79,7 +100,8 @@ def host_delta(problem: Problem, op: Op) -> MemoryDelta:
 
 def host_memory(problem: Problem, ops: Iterable[TimedOp]) -> float:
     """Peak pinned host memory (MiB) of one device's timed ops (frees before allocations)."""
-    return max(level for _, level in _step_curve(_events(ops, lambda op: host_delta(problem, op)), 0.0))
+    copies = [t for t in ops if t.op.kind in (Kind.OFFLOAD, Kind.RELOAD)]
+    return max(level for _, level in _step_curve(_events(copies, lambda op: host_delta(problem, op)), 0.0))
 
 
 def offloaded_mib(problem: Problem, choices: dict[tuple[int, int], Choice]) -> float:

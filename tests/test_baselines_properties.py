@@ -3,12 +3,17 @@ best_heuristic always answers for a feasible budget and refuses an infeasible on
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
+from planner.baselines.classic import gpipe_orders, one_f_one_b_orders
+from planner.baselines.common import peaks_of, schedule_of, untimed_peaks
+from planner.baselines.zero_bubble import zb_h1_orders, zb_h2_orders
 from planner.bounds import MemoryInfeasibleError, min_memory
 from planner.contract import Problem
+from planner.simulator import simulate
 from planner.validator import validate_plan
 
 costs = st.floats(min_value=0.1, max_value=3.0, allow_nan=False)
@@ -82,3 +87,20 @@ def test_every_baseline_is_valid_or_explains(problem: Problem):
             assert exc.needed_mib == min_memory(problem)
         else:
             raise AssertionError("best_heuristic answered an infeasible budget")
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_compute_only_orders_fix_the_peaks_without_times(problem: Problem):
+    """evaluate() refuses a compute-only schedule from its order alone (memory.order_peak) before
+    simulating it: those peaks must be exactly the ones the timed memory curves give."""
+    if problem.chunks != 1:
+        return
+    builders = [gpipe_orders, one_f_one_b_orders]
+    if problem.options.split_backward:
+        builders += [zb_h1_orders, zb_h2_orders]
+    for build in builders:
+        schedule = schedule_of(problem, build(problem))
+        untimed = untimed_peaks(problem, schedule)
+        timed = peaks_of(problem, schedule, simulate(problem, schedule))
+        assert untimed == pytest.approx(timed, rel=1e-9, abs=1e-9), build.__name__

@@ -7,11 +7,12 @@ core's job, so a baseline cannot emit a plan the validator would reject.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..contract import Plan, Problem
-from ..memory import host_memory, offloaded_mib, peak_memory, recompute_ms
+from ..memory import host_memory, offloaded_mib, order_peak, peak_memory, recompute_ms
 from ..ops import BACKWARD_KINDS, Kind, Op, duration
 from ..simulator import DeviceOrder, Gate, Schedule, Timing, build_plan, simulate
 from ..transfers import Pruned, cost_key, is_treated, prune, retime
@@ -103,6 +104,13 @@ def peaks_of(problem: Problem, schedule: Schedule, timing: Timing) -> list[float
     return peaks
 
 
+def untimed_peaks(problem: Problem, schedule: Schedule) -> list[float] | None:
+    """Every device's peak from its compute order (memory.order_peak), or None when a device copies."""
+    if any(order.d2h or order.h2d for order in schedule.devices):
+        return None
+    return [order_peak(problem, d, order.compute) for d, order in enumerate(schedule.devices)]
+
+
 def over_limit(problem: Problem, peaks: list[float]) -> list[int]:
     return [d for d, peak in enumerate(peaks)
             if peak > problem.limit_of(d) + TOL * max(1.0, abs(problem.limit_of(d)))]
@@ -151,10 +159,12 @@ class Outcome:
         return cost_key(offloaded_mib(self.problem, self.timing.choices),
                         recompute_ms(self.problem, self.timing.choices))
 
-    def plan(self, problem_key: str | None = None) -> Plan:
+    def plan(self, problem_key: str | None = None, validate: bool = True) -> Plan:
+        """Plan v1, validated unless the caller validates it itself (a repository validates every plan
+        it stores: validating twice is seconds at the largest sizes)."""
         timing = retime(self.problem, self.schedule, self.timing) if self.pruned else self.timing
         plan = build_plan(self.problem, self.schedule, timing, self.method, problem_key=problem_key)
-        return assert_valid(self.problem, plan, problem_key)
+        return assert_valid(self.problem, plan, problem_key) if validate else plan
 
 
 def evaluate(problem: Problem, schedule: Schedule, method: str, timing: Timing | None = None,
@@ -167,17 +177,24 @@ def evaluate(problem: Problem, schedule: Schedule, method: str, timing: Timing |
     if timing is None and memo is not None and memo[0] is problem:
         timing, peaks = memo[1], memo[2]
     else:
+        # without a memory limit nothing can fail to fit: the peaks are left to the plan that is kept
+        limited = any(math.isfinite(problem.limit_of(d)) for d in range(problem.num_devices))
+        peaks = untimed_peaks(problem, schedule) if limited else None
+        if peaks is not None and over_limit(problem, peaks):
+            raise does_not_fit(problem, method, peaks)
         timing = timing or simulate(problem, schedule)
-        peaks = peaks_of(problem, schedule, timing)
+        if limited and peaks is None:
+            peaks = peaks_of(problem, schedule, timing)
         schedule._evaluated = (problem, timing, peaks)  # type: ignore[attr-defined]
-    if over_limit(problem, peaks):
+    if peaks is not None and over_limit(problem, peaks):
         raise does_not_fit(problem, method, peaks)
     if not is_treated(timing.choices):
         return Outcome(problem, schedule, timing, method)
     thin = prune(problem, schedule, timing) if prune_transfers else Pruned(schedule, timing, 0)
     host = host_over_limit(problem, thin.schedule, thin.timing)
     if host:
-        raise DoesNotFit(f"{method} does not fit the host memory limits: " + "; ".join(host), peaks)
+        raise DoesNotFit(f"{method} does not fit the host memory limits: " + "; ".join(host),
+                         peaks if peaks is not None else peaks_of(problem, schedule, timing))
     return Outcome(problem, thin.schedule, thin.timing, method, pruned=thin.removed > 0)
 
 
