@@ -222,7 +222,7 @@ def _submit_job(body: PlanRequest, st: ServiceState, budget: float) -> dict[str,
              responses={201: {"description": "Cache miss: first plan computed and stored"},
                         422: {"description": "Invalid input or infeasible memory budget"}},
              dependencies=[Depends(require_write), Depends(rate_limited)])
-async def submit(body: PlanRequest, request: Request, response: Response) -> PlanEnvelope:
+async def submit(body: PlanRequest, request: Request) -> Response:
     st = state_of(request)
     s = st.settings
     budget = refine_budget(st, body.time_budget_s)
@@ -253,7 +253,7 @@ async def submit(body: PlanRequest, request: Request, response: Response) -> Pla
         if len(st.spec_keys) >= 4096:
             st.spec_keys.clear()
         st.spec_keys[memo] = key
-    return await run_in_threadpool(_after_first, st, key, created, response)
+    return await run_in_threadpool(_after_first, st, key, created)
 
 
 def _first_in_thread(st: ServiceState, problem: Problem, key: str, budget: float) -> tuple[str, bool]:
@@ -269,23 +269,30 @@ def _first_in_thread(st: ServiceState, problem: Problem, key: str, budget: float
         return key, created
 
 
-def _after_first(st: ServiceState, key: str, created: bool, response: Response) -> PlanEnvelope:
-    """Publish and enqueue a new key's refine job; the envelope of its best plan."""
+def _after_first(st: ServiceState, key: str, created: bool) -> Response:
+    """Publish and enqueue a new key's refine job; the envelope of its best plan (201 if new)."""
     job = st.repo.job(key)
     if created:
         st.metrics.cold_posts.inc()
         st.events.publish_revision(key, 1)
         if job is not None and job.state == QUEUED:
             enqueue(st, key, job)
-        response.status_code = 201
     best = st.repo.best(key)
-    return _envelope(st, key, best, cached=not created, job=job)
+    return _envelope(st, key, best, cached=not created, job=job, status_code=201 if created else 200)
 
 
-def _envelope(st: ServiceState, key: str, best: BestPlan, cached: bool, job: JobInfo | None = None) -> PlanEnvelope:
+def _envelope(st: ServiceState, key: str, best: BestPlan, cached: bool, job: JobInfo | None = None,
+              status_code: int = 200) -> Response:
+    """A PlanEnvelope with the stored plan JSON spliced in as stored: parsing and re-serializing a
+    plan costs seconds at the largest sizes (27 MB) and cannot change it."""
     job = job or st.repo.job(key)
-    return PlanEnvelope(problem_key=key, revision=best.revision, cached=cached,
-                        plan=json.loads(best.plan_json), job=job_view(job), links=links(key))
+    view = job_view(job)
+    body = "".join((
+        '{"problem_key":', json.dumps(key), ',"revision":', str(best.revision),
+        ',"cached":', json.dumps(cached), ',"plan":', best.plan_json,
+        ',"job":', view.model_dump_json() if view is not None else "null",
+        ',"links":', json.dumps(links(key)), "}"))
+    return Response(body, status_code=status_code, media_type="application/json")
 
 
 # -- GET /v1/plans/{key} ----------------------------------------------------------------------------
