@@ -51,19 +51,16 @@ def tight(devices: int, microbatches: int, tag: str = "") -> Problem:
                                             for _ in range(devices)]})
 
 
-LARGEST = (256, 390)  # 4 x 256 x 390 = 399,360 ops: the largest accepted by the default max_ops (400,000)
-
-
-def cold_by_size(base: str, sizes: list[tuple[int, int]], reps: int, largest_reps: int) -> list[dict]:
+def cold_by_size(base: str, sizes: list[tuple[int, int]], reps: int) -> list[dict]:
     """Cold POST (cache miss -> first plan -> stored -> response) by size, without and with a memory
-    limit that no classic schedule fits; distinct problems each time (a tag in metadata)."""
+    limit that no classic schedule fits; distinct problems each time (a tag in metadata). The default
+    sizes end with the largest the service accepts by default (max_ops 131,072 = 4 x P x M)."""
     rows = []
     with httpx.Client(timeout=120) as c:
         for devices, microbatches in sizes:
-            kinds = (("free", problem),) if (devices, microbatches) == LARGEST else (("free", problem), ("tight", tight))
-            for kind, make in kinds:
+            for kind, make in (("free", problem), ("tight", tight)):
                 lat, codes, method = [], {}, ""
-                for _ in range(largest_reps if (devices, microbatches) == LARGEST else reps):
+                for _ in range(reps):
                     doc = {"problem": make(devices, microbatches).model_dump(mode="json"), "time_budget_s": 1}
                     t0 = time.perf_counter()
                     r = c.post(f"{base}/v1/plans", json=doc)
@@ -252,10 +249,9 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--http-workers", type=int, default=1, help="uvicorn processes (PIPEPLAN_HTTP_WORKERS)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
-    ap.add_argument("--sizes", default="8x32,16x64,32x128,256x390",
-                    help="cold POST by size, PxM list ('' to skip); 256x390 is the largest accepted size")
-    ap.add_argument("--size-reps", type=int, default=5, help="cold POSTs per size (the largest: --largest-reps)")
-    ap.add_argument("--largest-reps", type=int, default=2)
+    ap.add_argument("--sizes", default="8x32,16x64,32x128,64x512,32x1024,256x128",
+                    help="cold POST by size, PxM list ('' to skip); the last three are the largest accepted sizes")
+    ap.add_argument("--size-reps", type=int, default=5, help="cold POSTs per size and memory kind")
     ap.add_argument("--concurrent", type=int, default=200, help="distinct small POSTs at once (0 to skip)")
     ap.add_argument("--only-posts", action="store_true", help="only the cold-POST-by-size and concurrent rows")
     args = ap.parse_args()
@@ -274,7 +270,7 @@ def main() -> None:
     try:
         if args.sizes:
             sizes = [tuple(int(v) for v in part.split("x")) for part in args.sizes.split(",")]
-            results["cold_by_size"] = cold_by_size(base, sizes, args.size_reps, args.largest_reps)
+            results["cold_by_size"] = cold_by_size(base, sizes, args.size_reps)
         if args.concurrent:
             res = results["concurrent_posts"] = asyncio.run(concurrent_posts(base, args.concurrent))
             print(f"{res['n']} concurrent distinct small POSTs (P=4 M=8): p50 {res['p50_ms']:.0f} ms, p99"

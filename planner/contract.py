@@ -29,7 +29,10 @@ class Limits(BaseModel):
     max_devices: int = 256
     max_microbatches: int = 4096
     max_stages_per_device: int = 8
-    max_ops: int = 400_000
+    # 4 x stages x microbatches: P=64 M=512, P=32 M=1024, P=256 M=128. The size the service answers a
+    # cold POST for within about 3 s on 2 cores (README, results); a first plan's time grows linearly
+    # with the ops, so raise it (PIPEPLAN_LIMITS__MAX_OPS) on machines that can afford it.
+    max_ops: int = 131_072
     max_duration_ms: float = 1e7
     max_memory_mib: float = 1e9
     # model specs: checked on the raw document before conversion (costmodel.check_spec_size), so a

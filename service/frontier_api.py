@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from planner.bounds import MemoryInfeasibleError
-from planner.contract import DEFAULT_LIMITS, Plan, Problem
+from planner.contract import Limits, Plan, Problem
 
 from . import inline
 from .admission import stream_admitted
@@ -59,10 +59,10 @@ def frontier_links(key: str) -> dict[str, str]:
             "dashboard": f"/dashboard/frontiers/{key}"}
 
 
-def _problem_from_spec(spec: dict[str, Any]) -> Problem:
-    """A spec's problem, converted in-process, sizes checked first."""
-    inline.check_spec(spec, DEFAULT_LIMITS)
-    return inline.problem_from_spec(spec, DEFAULT_LIMITS)
+def _problem_from_spec(spec: dict[str, Any], limits: Limits) -> Problem:
+    """A spec's problem, converted in-process, sizes checked first (the service's configured limits)."""
+    inline.check_spec(spec, limits)
+    return inline.problem_from_spec(spec, limits)
 
 
 def _store(st: ServiceState) -> FrontierStore:
@@ -115,7 +115,7 @@ def create_frontier(body: FrontierRequest, request: Request) -> Any:
     s = st.settings
     budget = refine_budget(st, body.time_budget_s)
     try:
-        problem = body.problem if body.problem is not None else _problem_from_spec(body.spec)
+        problem = body.problem if body.problem is not None else _problem_from_spec(body.spec, s.limits)
     except MemoryInfeasibleError as exc:
         raise inline.infeasible(exc) from None
     inline.check_problem(problem, s.limits)

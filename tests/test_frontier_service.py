@@ -71,3 +71,16 @@ def test_frontier_requests_are_checked(tmp_path):
         assert r.status_code == 422 and "exactly one of problem or spec" in r.text
         assert c.get("/v1/frontiers/" + "0" * 64).status_code == 404
         assert c.get("/v1/frontiers/nothex").status_code == 404
+
+
+def test_frontier_specs_meet_the_configured_limits(tmp_path):
+    """A spec is sized against the service's limits (PIPEPLAN_LIMITS__*), not the planner's defaults."""
+    from pathlib import Path
+
+    from planner.contract import Limits
+
+    spec = json.loads((Path(__file__).parents[1] / "examples/specs/llama7b_8xh100.json").read_text())
+    app = create_app(Settings(data_dir=tmp_path / "data", embedded_workers=0, limits=Limits(max_layers=8)))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.post("/v1/frontiers", json={"spec": spec, "points": 3})
+        assert r.status_code == 422 and "spec.model.layers" in r.json()["message"], r.text
