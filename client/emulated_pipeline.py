@@ -42,7 +42,8 @@ def run_emulated(jobs: list[Job], *, costs: Problem | None = None, iterations: i
                  width: int = 8, scale: float = 1.0) -> list[list[Trace]]:
     """Every job's measured iterations, one process start for all: traces[job][iteration].
 
-    `costs` gives the emulated durations (default: each job's own problem).
+    `costs` gives the emulated durations (default: each job's own problem). The jobs take turns:
+    `warmup` rounds, then `iterations` rounds of one iteration of every job.
     """
     import torch.multiprocessing as mp
 
@@ -61,7 +62,7 @@ def run_emulated(jobs: list[Job], *, costs: Problem | None = None, iterations: i
 
 
 def _rank_main(rank: int, world: int, port: int, payload: list, costs_json: str | None, iterations: int,
-               warmup: int, width: int, scale: float, out: str) -> None:
+               warmup: int, width: int, scale: float, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage
@@ -73,7 +74,7 @@ def _rank_main(rank: int, world: int, port: int, payload: list, costs_json: str 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         fixed_costs = Problem.model_validate_json(costs_json) if costs_json else None
-        results: list[list[dict]] = []
+        runs = []
         for problem_json, plan_json, sync, job_costs in payload:
             problem, plan = Problem.model_validate_json(problem_json), Plan.model_validate_json(plan_json)
             costs = Problem.model_validate_json(job_costs) if job_costs else fixed_costs
@@ -83,12 +84,15 @@ def _rank_main(rank: int, world: int, port: int, payload: list, costs_json: str 
                       for k in problem.stages_of(rank)]
             schedule = build_schedule(problem, plan, stages, loss_fn=_mse, trace=True, emulation=emulation,
                                       synchronous_copies=sync)
-            x, y = _batch(problem.num_microbatches, width)
-            first, last = problem.stages[0].device, problem.stages[-1].device
-            traces = []
-            for n in range(warmup + iterations):
+            runs.append((problem, schedule, layers, _batch(problem.num_microbatches, width)))
+        results: list[list[dict]] = [[] for _ in runs]
+        # round by round, one iteration of every job: a change in the machine's load during the run
+        # (it is shared) then falls on every job alike instead of on whichever job ran at the time
+        for n in range(warmup + iterations):
+            for out, (problem, schedule, layers, (x, y)) in zip(results, runs):
                 for layer in layers:
                     layer.zero_grad(set_to_none=True)
+                first, last = problem.stages[0].device, problem.stages[-1].device
                 args = (x,) if rank == first else ()
                 if rank == last:
                     schedule.step(*args, target=y)
@@ -96,11 +100,11 @@ def _rank_main(rank: int, world: int, port: int, payload: list, costs_json: str 
                     schedule.step(*args)
                 trace = schedule.collect_trace(metadata={"emulated_scale": scale})
                 if n >= warmup and trace is not None:
-                    traces.append(trace.model_dump(mode="json"))
+                    out.append(trace.model_dump(mode="json"))
+        for _, schedule, _, _ in runs:
             schedule.executor.close()
-            results.append(traces)
         if rank == 0:
-            Path(out, "traces.json").write_text(json.dumps(results))
+            Path(out_dir, "traces.json").write_text(json.dumps(results))
     finally:
         dist.destroy_process_group()
 
