@@ -89,6 +89,7 @@ def main() -> int:
                         help="iterations per plan (before the measured ones) the calibrated prediction is made from")
     parser.add_argument("--solve-s", type=float, default=10.0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--markdown", action="store_true", help="the table as the README quotes it")
     args = parser.parse_args()
 
     loop, v = problem(), problem(chunks=2)
@@ -128,6 +129,9 @@ def main() -> int:
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
+    if args.markdown:
+        print(markdown(results))
+        return 0
     print(f"emulated time, 4 gloo ranks, M=8, F/B/W {F_MS:g}/{B_MS:g}/{W_MS:g} ms, copies {COPY_MS:g} ms,"
           f" links {P2P_MS:g} ms; calibrated from {args.calibrate} iteration(s), then {args.iterations}"
           " measured iterations each\n")
@@ -150,6 +154,24 @@ def main() -> int:
         print(f"{label}: every plan within 5% of predicted: {'yes' if within else 'NO'};"
               f" measured gain over 1F1B >= 90% of the predicted gain: {'yes' if speedups else 'NO'}")
     return 0
+
+
+def markdown(results: list[dict]) -> str:
+    def gain(r: dict, which: str) -> str:
+        share = r[f"{which}_gain_measured"]
+        return "" if share is None else f" ({100 * share:.0f}% of the gain)"
+
+    lines = ["| plan | memory actions | predicted: nominal | calibrated | measured | error vs nominal | vs calibrated"
+             " | speed-up over 1F1B: nominal | calibrated | measured |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['plan']} | {r['memory_actions'].replace('+', ' + ')} | {r['predicted_ms']:.1f} ms"
+                     f" | {r['calibrated_ms']:.1f} ms | {r['measured_ms']:.1f} ms | {r['error_pct']:+.1f}%"
+                     f" | {r['calibrated_error_pct']:+.1f}% | {r['predicted_speedup']:.3f}x{gain(r, 'predicted')}"
+                     f" | {r['calibrated_speedup']:.3f}x{gain(r, 'calibrated')} | {r['measured_speedup']:.3f}x |")
+    cal = results[0]["calibration"]
+    lines.append(f"\nCalibrated (loop placement): link {cal['p2p_ms']:.2f} ms, runtime overhead"
+                 f" {cal['runtime_overhead_ms']:.2f} ms per compute op.")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
