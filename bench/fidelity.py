@@ -1,6 +1,6 @@
 """Predicted vs measured: classic schedules and our solved plan, run through torch's runtime.
 
-Run:  .venv/bin/python bench/fidelity.py                 (about a minute on 2 cores)
+Run:  .venv/bin/python bench/fidelity.py                 (one to two minutes on 2 cores)
       .venv/bin/python bench/fidelity.py --iterations 5 --calibrate 2 --solve-s 20 --json
 
 Every plan runs on 4 gloo ranks (CPU processes) in emulated time (client.emulated_pipeline): each
@@ -161,8 +161,9 @@ def markdown(results: list[dict]) -> str:
         share = r[f"{which}_gain_measured"]
         return "" if share is None else f" ({100 * share:.0f}% of the gain)"
 
-    lines = ["| plan | memory actions | predicted: nominal | calibrated | measured | error vs nominal | vs calibrated"
-             " | speed-up over 1F1B: nominal | calibrated | measured |", "|---|---|---|---|---|---|---|---|---|---|"]
+    header = ("| plan | memory actions | predicted: nominal | calibrated | measured | error vs nominal"
+              " | vs calibrated | speed-up over 1F1B: nominal | calibrated | measured |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['plan']} | {r['memory_actions'].replace('+', ' + ')} | {r['predicted_ms']:.1f} ms"
                      f" | {r['calibrated_ms']:.1f} ms | {r['measured_ms']:.1f} ms | {r['error_pct']:+.1f}%"
