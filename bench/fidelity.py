@@ -18,7 +18,7 @@ measured speed-up over 1F1B at least 90% of the predicted one.
 
 Two predictions per plan:
 - nominal: the plan's own makespan, on the problem as written (the durations the ops are padded to,
-  1-ms links). The runtime's own time between ops (~0.1-0.2 ms here: torch's dispatch, issuing the
+  1-ms links). The runtime's own time between ops (~0.15-0.3 ms here: torch's dispatch, issuing the
   sends, our hooks) is not in it, and gloo's real link time (~0.2-0.4 ms) is below the 1 ms assumed.
 - calibrated: what a user gets from the calibration loop (`pipeplan fidelity ... --calibrated`, or
   posting a trace to the service): the first `--calibrate` iterations of every plan on a placement are
