@@ -91,6 +91,7 @@ class Settings(BaseSettings):
         15.0, description="Keep-alive period of the dashboard's SSE streams (the API's: FastAPI's 15 s).")
     sse_poll_s: float = Field(5.0, description="SSE re-checks the database this often (missed events).")
     plan_cache_ttl_s: float = Field(1.0, description="In-process cache of the best plan per key.")
+    plan_cache_mib: float = Field(256.0, gt=0, description="At most this many MiB of plan JSON in that cache.")
     retry_after_s: int = Field(5, description="Retry-After on 503.")
     host: str = "127.0.0.1"
     port: int = 8000
@@ -127,6 +128,9 @@ class Settings(BaseSettings):
     export_cache_dir: Path | None = Field(
         None, description="Where computed exports (torch CSV, Chrome trace) are kept, gzipped, one file per"
         " revision. Empty: data_dir/exports.")
+    dashboard_render_cache_mib: float = Field(
+        64.0, ge=0, description="Rendered dashboard charts kept per process, in MiB of SVG (a P=64 M=512"
+        " plan's charts are ~11 MB; counting entries instead let 64 big plans hold over a GB).")
 
     @field_validator("api_keys", mode="before")
     @classmethod

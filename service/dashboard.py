@@ -33,7 +33,7 @@ from planner.contract import Plan, Problem
 
 from . import dashboard_data as data
 from . import dashboard_views as views
-from . import exports_cache
+from . import exports_cache, heap
 from .admission import stream_admitted
 from .errors import MAX_PAGE, MAX_REVISION, reject_nul
 from .models import JOB_STATES
@@ -116,7 +116,9 @@ def _hub(request: Request):
 def _renders(request: Request) -> data.RenderCache:
     cache = getattr(request.app.state, "dashboard_renders", None)
     if cache is None:  # first use; a racing second one is merely discarded
-        cache = request.app.state.dashboard_renders = data.RenderCache()
+        settings = _state_attr(request, "settings")
+        cache = request.app.state.dashboard_renders = data.RenderCache(
+            max_mib=getattr(settings, "dashboard_render_cache_mib", 64.0))
     return cache
 
 
@@ -360,7 +362,7 @@ def plan_page(request: Request, key: str, revision: int | None = Query(None, ge=
         request, summary=views.config_summary(problem), frontiers=dashboard_frontier.frontiers_of(repo, key),
         measured=dashboard_traces.measured_of(repo, key, problem),
         **_live_ctx(request, repo, key, problem, plan, compute_baselines=cached),
-    ))
+    ), background=heap.release_after(_ops(plan)))
 
 
 @router.get("/plans/{key}/baselines", response_class=HTMLResponse, dependencies=gated)
@@ -369,7 +371,8 @@ def plan_baselines(request: Request, key: str) -> HTMLResponse:
     problem, plan = _load_plan(_repo(request), key)
     baselines, note = _baseline_rows(request, key, problem, plan)
     return templates.TemplateResponse(request, "dashboard/_baselines.html",
-                                      _ctx(request, baselines=baselines, baselines_note=note))
+                                      _ctx(request, baselines=baselines, baselines_note=note),
+                                      background=heap.release_after(_ops(plan)))
 
 
 @router.get("/plans/{key}/live", response_class=HTMLResponse, dependencies=gated)
@@ -390,7 +393,12 @@ def plan_charts(request: Request, key: str, zoom: int = Query(1, ge=1, le=max(da
     """The Gantt and memory panels re-drawn at `zoom` × the page width (time axis only)."""
     problem, plan = _load_plan(_repo(request), key, revision)  # keep the revision on screen
     return templates.TemplateResponse(request, "dashboard/_charts.html", _ctx(
-        request, key=key, plan=plan, c=_renders(request).charts(key, problem, plan, zoom)))
+        request, key=key, plan=plan, c=_renders(request).charts(key, problem, plan, zoom)),
+        background=heap.release_after(_ops(plan)))
+
+
+def _ops(plan: Plan) -> int:
+    return sum(len(dp.ops) for dp in plan.devices)
 
 
 # -- live events ----------------------------------------------------------------------------------------

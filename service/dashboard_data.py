@@ -7,6 +7,8 @@ recomputed per page view. Rendered SVGs are cached per (key, revision): a revisi
 
 from __future__ import annotations
 
+import math
+
 import threading
 import time
 from collections import OrderedDict
@@ -21,11 +23,18 @@ from . import dashboard_views as views
 
 
 class _LRU:
-    """A small thread-safe LRU; values are computed outside the lock (two threads may race to fill)."""
+    """A small thread-safe LRU; values are computed outside the lock (two threads may race to fill).
 
-    def __init__(self, size: int):
+    At most `size` entries and, when `weight` is given, at most `max_weight` in all (the newest entry
+    is always kept)."""
+
+    def __init__(self, size: int, max_weight: float = math.inf, weight: Callable[[Any], float] | None = None):
         self.size = size
+        self.max_weight = max_weight
+        self._weight = weight or (lambda _: 0.0)
         self._data: OrderedDict[Any, Any] = OrderedDict()
+        self._weights: dict[Any, float] = {}
+        self._total = 0.0
         self._lock = threading.Lock()
 
     def get(self, key: Any) -> Any:
@@ -40,11 +49,14 @@ class _LRU:
             return key in self._data
 
     def put(self, key: Any, value: Any) -> None:
+        weight = self._weight(value)
         with self._lock:
-            self._data[key] = value
+            self._total += weight - self._weights.get(key, 0.0)
+            self._data[key], self._weights[key] = value, weight
             self._data.move_to_end(key)
-            while len(self._data) > self.size:
-                self._data.popitem(last=False)
+            while len(self._data) > 1 and (len(self._data) > self.size or self._total > self.max_weight):
+                old, _ = self._data.popitem(last=False)
+                self._total -= self._weights.pop(old)
 
     def get_or_compute(self, key: Any, compute: Callable[[], Any]) -> Any:
         found = self.get(key)
@@ -289,9 +301,9 @@ ZOOMS = (1, 2, 4, 8, 16, 32)
 class RenderCache:
     """Rendered SVGs per (key, revision, zoom): a stored revision is immutable."""
 
-    def __init__(self, size: int = 64):
-        self._lru = _LRU(size)
-        self._memories = _LRU(size)
+    def __init__(self, size: int = 64, max_mib: float = 64.0):
+        self._lru = _LRU(size, max_mib * 2**20, _chart_bytes)
+        self._memories = _LRU(4)  # only to draw the same revision at another zoom
 
     def charts(self, key: str, problem: Problem, plan: Plan, zoom: int = 1) -> dict[str, Any]:
         zoom = zoom if zoom in ZOOMS else 1
@@ -310,6 +322,10 @@ class RenderCache:
                 "zoom": zoom,
             }
         return self._lru.get_or_compute((key, plan.revision, zoom), compute)
+
+
+def _chart_bytes(charts: dict[str, Any]) -> float:
+    return float(sum(len(charts[name]) for name in ("gantt", "gantt_labels", "memory", "memory_labels")))
 
 
 def revision_points(revisions: list[dict[str, Any]]) -> list[views.RevisionPoint]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 
+from cachetools import TTLCache
 from starlette.concurrency import run_in_threadpool
 
 from pipeplan.settings import Settings
@@ -37,12 +37,17 @@ class ServiceState:
     queue: JobQueue = None  # type: ignore[assignment]
     events: EventBus = None  # type: ignore[assignment]
     listener: RedisListener | None = None
-    _cache: dict[str, tuple[BestPlan, float]] = field(default_factory=dict)
+    _cache: TTLCache = field(init=False)  # key -> BestPlan, bounded by plan bytes (__post_init__)
     spec_keys: dict[str, str] = field(default_factory=dict)  # spec hash -> problem key (API memo)
     admission: Admission = None  # type: ignore[assignment]
     _inflight: dict[str, asyncio.Future] = field(default_factory=dict)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _locks: list[threading.Lock] = field(default_factory=lambda: [threading.Lock() for _ in range(64)])
+
+    def __post_init__(self) -> None:
+        # bounded by the bytes of the plans it holds, not by their number: a P=64 M=512 plan is ~9 MB
+        self._cache = TTLCache(maxsize=max(1, int(self.settings.plan_cache_mib * 2**20)),
+                               ttl=self.settings.plan_cache_ttl_s, getsizeof=lambda best: len(best.plan_json) + 512)
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -103,15 +108,14 @@ class ServiceState:
         if message.get("type") == "revision":
             key = message.get("key", ALL)
             cached = self._cache.get(key)
-            if cached and cached[0].revision < int(message.get("revision", 0)):
+            if cached and cached.revision < int(message.get("revision", 0)):
                 self._cache.pop(key, None)
 
     async def best(self, key: str, fresh: bool = False) -> BestPlan | None:
         """The best plan of `key`, from a short-lived in-process cache invalidated by events."""
-        now = time.monotonic()
-        cached = self._cache.get(key)
-        if not fresh and cached and now - cached[1] < self.settings.plan_cache_ttl_s:
-            return cached[0]
+        cached = None if fresh else self._cache.get(key)
+        if cached is not None:
+            return cached
         pending = self._inflight.get(key)
         if pending is not None:  # single flight: concurrent misses of one key share one query
             return await asyncio.shield(pending)
@@ -119,10 +123,8 @@ class ServiceState:
         self._inflight[key] = future
         try:
             best = await run_in_threadpool(self.repo.best, key)
-            if best is not None:
-                if len(self._cache) > 10_000:
-                    self._cache.clear()
-                self._cache[key] = (best, time.monotonic())
+            if best is not None and self._cache.getsizeof(best) <= self._cache.maxsize:
+                self._cache[key] = best
             future.set_result(best)
             return best
         except BaseException as exc:

@@ -148,8 +148,10 @@ async def post_trace(key: str, trace: Trace, request: Request,
     digest = hashlib.sha256(trace_json.encode()).hexdigest()
     plan, calibrated, info = await run_in_threadpool(_prepare, st, key, trace, digest)
     created = info is None  # else posted before: answer with what it yielded then
-    sub = Response()
-    envelope = await api.submit(api.PlanRequest(problem=calibrated, time_budget_s=budget), request, sub)
+    submitted = await api.submit(api.PlanRequest(problem=calibrated, time_budget_s=budget), request)
+    if submitted.status_code not in (200, 201):
+        return submitted  # the client left while the calibrated problem's first plan was computed
+    envelope = api.PlanEnvelope.model_validate_json(submitted.body)
     if created:
         store = TraceStore(st.repo)
         info, created = await run_in_threadpool(

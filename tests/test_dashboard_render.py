@@ -284,3 +284,18 @@ def test_vs_1f1b_card_names_the_worst_gpu_not_every_device():
     card = compute_one_f_one_b(make_problem(p=16, m=32, limit=800.0))
     assert card.note == "1F1B OOM"
     assert card.detail.startswith("1F1B needs 1.6 GiB on GPU 0 (limit 0.8 GiB; 7 more GPUs over)")
+
+
+def test_render_cache_is_bounded_by_bytes_not_only_entries():
+    """64 cached charts of big plans held over a GB: the cache counts their bytes."""
+    from service.dashboard_data import _LRU
+
+    lru = _LRU(64, max_weight=10, weight=len)
+    lru.put("a", "x" * 6)
+    lru.put("b", "y" * 6)
+    assert not lru.contains("a") and lru.contains("b")
+    lru.put("c", "z" * 20)  # larger than the budget: kept alone, the newest is always kept
+    assert lru.contains("c") and not lru.contains("b")
+    lru.put("c", "z")
+    lru.put("d", "w" * 9)
+    assert lru.contains("c") and lru.contains("d")
