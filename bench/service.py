@@ -4,7 +4,7 @@ small POSTs, and worker improvement -> SSE client latency.
 
     .venv/bin/python bench/service.py                 # SQLite file + local Redis db 12, ~1 minute
     .venv/bin/python bench/service.py --duration 10 --database-url postgresql+psycopg://...
-    .venv/bin/python bench/service.py --only-posts    # cold POST by size + 200 concurrent POSTs
+    .venv/bin/python bench/service.py --only-posts    # cold POST by size, 200 concurrent POSTs, RSS
 
 It starts one `pipeplan serve` (uvicorn, one process) on loopback with no worker running, so the
 solver does not compete for the CPU; the bench itself plays the worker for the SSE measurement
@@ -94,6 +94,30 @@ async def concurrent_posts(base: str, n: int) -> dict:
         await asyncio.gather(*(one(d) for d in docs))
         wall = time.perf_counter() - start
     return {"n": n, "p50_ms": pct(lat, 50) * 1000, "p99_ms": pct(lat, 99) * 1000, "wall_s": wall, "codes": codes}
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+
+
+def memory_after_big_views(base: str, pid: int, n: int, rounds: int = 2) -> dict:
+    """The server's RSS after `n` distinct largest-size plans are POSTed, then read `rounds` times
+    (plan, both exports, dashboard page): bounded caches keep it flat however many big plans pass."""
+    out = {"n": n, "start_mib": rss_mib(pid)}
+    with httpx.Client(timeout=120) as c:
+        keys = [c.post(f"{base}/v1/plans", json={"problem": problem(64, 512).model_dump(mode="json"),
+                                                 "time_budget_s": 1}).json()["problem_key"] for _ in range(n)]
+        out["after_posts_mib"] = rss_mib(pid)
+        for r in range(rounds):
+            for key in keys:
+                for path in (f"/v1/plans/{key}", f"/v1/plans/{key}/export/chrome-trace.json",
+                             f"/v1/plans/{key}/export/torch.csv", f"/dashboard/plans/{key}"):
+                    c.get(base + path)
+            out[f"after_round_{r + 1}_mib"] = rss_mib(pid)
+        time.sleep(5)
+        out["idle_5s_mib"] = rss_mib(pid)
+    return out
 
 
 def pct(values: list[float], q: float) -> float:
@@ -253,7 +277,9 @@ def main() -> None:
                     help="cold POST by size, PxM list ('' to skip); the last three are the largest accepted sizes")
     ap.add_argument("--size-reps", type=int, default=5, help="cold POSTs per size and memory kind")
     ap.add_argument("--concurrent", type=int, default=200, help="distinct small POSTs at once (0 to skip)")
-    ap.add_argument("--only-posts", action="store_true", help="only the cold-POST-by-size and concurrent rows")
+    ap.add_argument("--only-posts", action="store_true", help="only the cold-POST-by-size, concurrent and RSS rows")
+    ap.add_argument("--big-views", type=int, default=12,
+                    help="distinct largest-size plans read twice (plan, exports, dashboard) for the RSS row (0 to skip)")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="pipeplan-bench-"))
@@ -275,6 +301,12 @@ def main() -> None:
             res = results["concurrent_posts"] = asyncio.run(concurrent_posts(base, args.concurrent))
             print(f"{res['n']} concurrent distinct small POSTs (P=4 M=8): p50 {res['p50_ms']:.0f} ms, p99"
                   f" {res['p99_ms']:.0f} ms, all done in {res['wall_s']:.1f} s  codes {res['codes']}", flush=True)
+        if args.big_views:
+            res = results["memory"] = memory_after_big_views(base, server.pid, args.big_views)
+            print(f"server RSS with {res['n']} distinct P=64 M=512 plans: {res['start_mib']:.0f} MiB at start,"
+                  f" {res['after_posts_mib']:.0f} after the POSTs, {res['after_round_1_mib']:.0f} / "
+                  f"{res['after_round_2_mib']:.0f} after reading them all once / twice, {res['idle_5s_mib']:.0f}"
+                  " 5 s later", flush=True)
         if not args.only_posts:
             # cold POST: cache miss -> best heuristic inline -> stored revision 1 -> response
             cold = []
