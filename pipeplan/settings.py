@@ -128,6 +128,9 @@ class Settings(BaseSettings):
     export_cache_dir: Path | None = Field(
         None, description="Where computed exports (torch CSV, Chrome trace) are kept, gzipped, one file per"
         " revision. Empty: data_dir/exports.")
+    baselines_timeout_s: float = Field(
+        300.0, gt=0, description="Time box of the dashboard's baselines table of one problem (every peer"
+        " schedule on it), computed once in a child process; past it the page says so.")
     dashboard_render_cache_mib: float = Field(
         64.0, ge=0, description="Rendered dashboard charts kept per process, in MiB of SVG (a P=64 M=512"
         " plan's charts are ~11 MB; counting entries instead let 64 big plans hold over a GB).")

@@ -35,7 +35,7 @@ from . import dashboard_data as data
 from . import dashboard_views as views
 from . import exports_cache, heap
 from .admission import stream_admitted
-from .errors import MAX_PAGE, MAX_REVISION, reject_nul
+from .errors import MAX_PAGE, MAX_REVISION, ApiError, reject_nul
 from .models import JOB_STATES
 
 PREFIX = "/dashboard"
@@ -299,7 +299,7 @@ def _live_ctx(request: Request, repo, key: str, problem: Problem, plan: Plan,
                  "bound": views.fmt_ms(p.lower_bound_ms), "method": p.method,
                  "when": views.fmt_age(p.created_at, now)} for p in points]
     best_revision = max((p.revision for p in points), default=plan.revision)
-    pending = not compute_baselines and not _baselines_known(request, key)
+    pending = not compute_baselines and not _baselines_known(request, key, problem)
     baselines, note = ([], "") if pending else _baseline_rows(request, key, problem, plan)
     return {"key": key, "plan": plan, "m": metrics, "c": charts, "history": views.history_svg(points),
             "revisions": rev_rows, "best_revision": best_revision, "baselines": baselines, "baselines_note": note,
@@ -313,7 +313,7 @@ def _ratio(baseline_ms: float, this_ms: float) -> str:
     return f"{baseline_ms / this_ms:.2f}× faster" if baseline_ms > this_ms else f"{this_ms / baseline_ms:.2f}× slower"
 
 
-def _baselines_known(request: Request, key: str) -> bool:
+def _baselines_known(request: Request, key: str, problem: Problem) -> bool:
     """In the process cache, or on disk (then loaded into it): computed once per problem, kept across
     restarts and shared by this host's API processes (service.exports_cache)."""
     if BASELINES.tables.contains(key):
@@ -322,12 +322,57 @@ def _baselines_known(request: Request, key: str) -> bool:
     stored = exports_cache.read_baselines(root, key) if root is not None else None
     if stored is None:
         return False
-    BASELINES.tables.put(key, ([data.BaselineRow(**row) for row in stored], ""))
+    BASELINES.put_table(key, problem, [data.BaselineRow(**row) for row in stored], "")
     return True
 
 
+_BASELINE_BUILDS: dict[str, asyncio.Future] = {}  # key -> the child computing its table (single flight)
+_BASELINE_SLOT = asyncio.Semaphore(1)  # one table at a time per process: a big one is a minute of a core
+
+
+async def _build_baselines(request: Request, key: str, problem: Problem) -> None:
+    """Compute the key's baselines table in a killable child process (service.inline), which writes it
+    beside the exports; then load it. Without a service (a bare dashboard app) it is computed on
+    first read in the thread pool instead. A table that failed or timed out is noted, not retried
+    until the process restarts."""
+    from . import inline
+
+    settings = _state_attr(request, "settings")
+    if settings is None or _baselines_known(request, key, problem):
+        return
+    pending = _BASELINE_BUILDS.get(key)
+    if pending is not None:
+        await asyncio.shield(pending)
+        return
+    future = _BASELINE_BUILDS[key] = asyncio.get_running_loop().create_future()
+    try:
+        async with _BASELINE_SLOT:
+            job = {"key": key, "root": str(settings.resolved_export_cache_dir),
+                   "database_url": settings.resolved_database_url}
+            try:
+                result = await inline.run_in_child(job, settings.baselines_timeout_s, _never,
+                                                   settings.retry_after_s, entry=data.build_baselines,
+                                                   what="the baselines table")
+            except ApiError as exc:  # the time box, a crash: said in the table's place
+                result = {"rows": 0, "note": f"Baselines could not be computed: {exc.detail}"}
+        if not _baselines_known(request, key, problem):  # no rows written: keep the note instead
+            note = result.get("note") or "No baseline applies to this problem."
+            BASELINES.put_table(key, problem, [], note)
+        future.set_result(None)
+    except BaseException as exc:
+        future.set_exception(exc)
+        future.exception()
+        raise
+    finally:
+        _BASELINE_BUILDS.pop(key, None)
+
+
+async def _never() -> bool:
+    return False
+
+
 def _baseline_rows(request: Request, key: str, problem: Problem, plan: Plan) -> tuple[list[dict[str, Any]], str]:
-    computed = not _baselines_known(request, key)
+    computed = not _baselines_known(request, key, problem)
     rows, note = BASELINES.table_of(key, problem)
     root = getattr(_state_attr(request, "settings"), "resolved_export_cache_dir", None)
     if computed and rows and not note and root is not None:
@@ -357,7 +402,7 @@ def plan_page(request: Request, key: str, revision: int | None = Query(None, ge=
     problem, plan = _load_plan(repo, key, revision)
     # Baselines take seconds on a 10k-op problem the first time: then the page comes first and
     # fetches the table (and the 1F1B figure) right after; later views have both cached.
-    cached = _baselines_known(request, key)
+    cached = _baselines_known(request, key, problem)
     return templates.TemplateResponse(request, "dashboard/plan.html", _ctx(
         request, summary=views.config_summary(problem), frontiers=dashboard_frontier.frontiers_of(repo, key),
         measured=dashboard_traces.measured_of(repo, key, problem),
@@ -366,10 +411,12 @@ def plan_page(request: Request, key: str, revision: int | None = Query(None, ge=
 
 
 @router.get("/plans/{key}/baselines", response_class=HTMLResponse, dependencies=gated)
-def plan_baselines(request: Request, key: str) -> HTMLResponse:
-    """The baselines table (planner.baselines.compare on the key's problem), computed once per key."""
-    problem, plan = _load_plan(_repo(request), key)
-    baselines, note = _baseline_rows(request, key, problem, plan)
+async def plan_baselines(request: Request, key: str) -> HTMLResponse:
+    """The baselines table (planner.baselines.compare on the key's problem), computed once per key,
+    in a child process."""
+    problem, plan = await run_in_threadpool(_load_plan, _repo(request), key)
+    await _build_baselines(request, key, problem)
+    baselines, note = await run_in_threadpool(_baseline_rows, request, key, problem, plan)
     return templates.TemplateResponse(request, "dashboard/_baselines.html",
                                       _ctx(request, baselines=baselines, baselines_note=note),
                                       background=heap.release_after(_ops(plan)))
@@ -384,7 +431,7 @@ def plan_live(request: Request, key: str, zoom: int = Query(1, ge=1, le=max(data
     problem, plan = _load_plan(repo, key, revision)
     return templates.TemplateResponse(request, "dashboard/_plan_live.html", _ctx(
         request, **_live_ctx(request, repo, key, problem, plan, zoom=zoom,
-                             compute_baselines=_baselines_known(request, key))))
+                             compute_baselines=_baselines_known(request, key, problem))))
 
 
 @router.get("/plans/{key}/charts", response_class=HTMLResponse, dependencies=gated)

@@ -8,12 +8,11 @@ recomputed per page view. Rendered SVGs are cached per (key, revision): a revisi
 from __future__ import annotations
 
 import math
-
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -169,18 +168,48 @@ class BaselineCache:
         return self.one_f_one_b.get_or_compute(key, lambda: compute_one_f_one_b(problem))
 
     def table_of(self, key: str, problem: Problem) -> tuple[list[BaselineRow], str]:
-        def compute():
-            rows, note = compute_baselines(problem)
-            wanted = "1f1b" if problem.chunks == 1 else "interleaved-1f1b"
-            label = "1F1B" if problem.chunks == 1 else "interleaved 1F1B"
-            one = next((r for r in rows if r.name == wanted), None)
-            if one is not None and not self.one_f_one_b.contains(key):  # share the figure
-                hw = hardware_of(problem)
-                self.one_f_one_b.put(key, OneF1B(one.makespan_ms, "", label, hw) if one.makespan_ms is not None
-                                     else OneF1B(None, "1F1B OOM" if "fit" in one.reason.lower() else "n/a",
-                                                 one.reason, hw))
-            return rows, note
-        return self.tables.get_or_compute(key, compute)
+        """The table, computed here when nobody has (the service computes it in a child process and
+        hands it over with `put_table`)."""
+        found = self.tables.get(key)
+        return found if found is not None else self.put_table(key, problem, *compute_baselines(problem))
+
+    def put_table(self, key: str, problem: Problem, rows: list[BaselineRow],
+                  note: str) -> tuple[list[BaselineRow], str]:
+        """Keep the table, and its 1F1B row as the key's 1F1B figure (not computed a second time)."""
+        wanted = "1f1b" if problem.chunks == 1 else "interleaved-1f1b"
+        label = "1F1B" if problem.chunks == 1 else "interleaved 1F1B"
+        one = next((r for r in rows if r.name == wanted), None)
+        if one is not None and not self.one_f_one_b.contains(key):
+            hw = hardware_of(problem)
+            self.one_f_one_b.put(key, OneF1B(one.makespan_ms, "", label, hw) if one.makespan_ms is not None
+                                 else OneF1B(None, "1F1B OOM" if "fit" in one.reason.lower() else "n/a",
+                                             one.reason, hw))
+        self.tables.put(key, (rows, note))
+        return rows, note
+
+
+def build_baselines(job: dict[str, Any]) -> dict[str, Any]:
+    """Child-process entry (service.inline.run_in_child): the key's baselines table, computed and
+    written beside its exports (a P=64 M=512 problem's table is seconds of CPU and hundreds of MB that
+    the API process must not spend). Returns {"rows": n, "note": ...} or {"error": {...}}."""
+    from pathlib import Path
+
+    from service.db import make_engine
+    from service.exports_cache import write_baselines
+    from service.repository import Repository
+
+    engine = make_engine(job["database_url"], 1)
+    try:
+        problem = Repository(engine).get_problem(job["key"])
+    finally:
+        engine.dispose()
+    if problem is None:
+        return {"error": {"status": 404, "code": "not_found", "message": f"no problem for key {job['key']}",
+                          "extra": {}}}
+    rows, note = compute_baselines(problem)
+    if rows and not note:
+        write_baselines(Path(job["root"]), job["key"], [asdict(r) for r in rows])
+    return {"rows": len(rows), "note": note}
 
 
 # -- overview rows -------------------------------------------------------------------------------------

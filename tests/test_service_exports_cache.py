@@ -101,3 +101,18 @@ def test_dashboard_baselines_are_computed_once_and_kept_on_disk(tmp_path):
         assert "marker-from-disk" in httpx.get(f"{base}/dashboard/plans/{key}", timeout=60).text  # not pending
     finally:
         proc.stop()
+
+
+def test_dashboard_baselines_run_in_a_time_boxed_child(tmp_path):
+    """The table is computed in a killable child process, not in the API's threads: past its time box
+    the page says so (nothing to kill in a thread), and the API answers on."""
+    proc, base = start_server(tmp_path, data_dir=tmp_path, embedded_workers=0, baselines_timeout_s=0.05)
+    try:
+        key = httpx.post(f"{base}/v1/plans", json={"problem": problem_doc(make_problem(devices=8, microbatches=64))},
+                         timeout=30).json()["problem_key"]
+        page = httpx.get(f"{base}/dashboard/plans/{key}/baselines", timeout=60)
+        assert page.status_code == 200 and "could not be computed" in page.text and "0.05 s" in page.text, page.text
+        assert not (tmp_path / "exports" / key[:2] / key / "baselines.json").exists()
+        assert httpx.get(f"{base}/readyz", timeout=5).status_code == 200
+    finally:
+        proc.stop()
