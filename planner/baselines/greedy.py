@@ -30,9 +30,24 @@ def min_lifetime(problem: Problem, k: int) -> float:
     return t
 
 
+def crowded(problem: Problem, k: int) -> bool:
+    """Can stage k's whole activation never sit beside a later stage's on its device? Then every
+    microbatch of k is reduced (the later stage runs between its forward and backward), and an
+    offloaded one holds its activation through both copies, which must fit between the later stage's
+    holdings; a recompute holds it only from the recompute to the backward."""
+    s = problem.stages[k]
+    d = s.device
+    free = problem.limit_of(d) - problem.devices[d].static_mib
+    return any(s.activation_mib + problem.stages[j].activation_mib > free
+               for j in problem.stages_of(d) if j > k)
+
+
 def reducing_treat(problem: Problem, mode: str) -> Treat | None:
     """Which activations the greedy reduces: every stage but the last whose activation waits longer
-    than the offload round trip (for offload) or whose recompute frees memory (for recompute)."""
+    than the offload round trip (for offload) or whose recompute frees memory (for recompute);
+    "offload, crowded recompute" recomputes the crowded stages (`crowded`) and offloads the rest.
+    Llama-3-8B in V placement over 8 GPUs at half of 1F1B's memory (the LM head beside the
+    embedding stage on device 0): 7733 ms offloading or recomputing everything, 6761 ms so."""
     opts = problem.options
     chosen: dict[int, str] = {}
     for k in range(problem.num_stages - 1):
@@ -40,7 +55,11 @@ def reducing_treat(problem: Problem, mode: str) -> Treat | None:
         wait = 2 * min_lifetime(problem, k)
         can_off = opts.offload and s.offloadable_mib > 0 and s.offload_ms + s.reload_ms < wait
         can_rec = opts.recompute and s.activation_mib - s.checkpoint_mib > 0
-        if mode == "offload" and can_off:
+        if mode == "offload, crowded recompute" and can_rec and crowded(problem, k):
+            chosen[k] = "recompute"
+        elif mode == "offload, crowded recompute" and can_off:
+            chosen[k] = "offload"
+        elif mode == "offload" and can_off:
             chosen[k] = "offload"
         elif mode == "recompute" and can_rec:
             chosen[k] = "recompute"
@@ -172,12 +191,18 @@ def reducing_treatments(problem: Problem) -> list[tuple[str, Treat, bool]]:
     if all(math.isinf(problem.limit_of(d)) for d in range(problem.num_devices)):
         return []
     offload = reducing_treat(problem, "offload")
+    crowd = None
+    if problem.options.offload and problem.options.recompute and any(
+            crowded(problem, k) for k in range(problem.num_stages - 1)):
+        crowd = reducing_treat(problem, "offload, crowded recompute")
     fractional = []
     if slow_copies(problem):
         fractional = [(f"fractional {slack:g}" + (", eager" if eager else ""),
                        fractional_treat(problem, slack), eager)
                       for slack in FRACTIONAL_SLACKS for eager in (False, True)]
-    candidates = fractional + [("offload", offload, False), ("offload, eager", offload, True),
+    candidates = fractional + [("offload, crowded recompute", crowd, False),
+                               ("offload, crowded recompute, eager", crowd, True),
+                               ("offload", offload, False), ("offload, eager", offload, True),
                                ("recompute", reducing_treat(problem, "recompute"), False)]
     return [c for c in candidates if c[1] is not None]
 
