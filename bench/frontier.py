@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.model_suite import find  # noqa: E402
-from planner.costmodel import problem_from_document  # noqa: E402
+from planner.documents import problem_from_document  # noqa: E402
 from planner.frontier import compute_frontier, scaled  # noqa: E402
 
 DEFAULT_CASES = "llama2-7b-p8,qwen2.5-3b-p8-tied,llama3-8b-p8-v"

@@ -36,7 +36,8 @@ from bench.model_suite import BUDGET_SHARES, SUITE, Case
 from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
 from planner.bounds import MemoryInfeasibleError, check_memory_feasible
 from planner.contract import Plan, Problem
-from planner.costmodel import HARDWARE, problem_from_document
+from planner.costmodel import HARDWARE
+from planner.documents import problem_from_document
 
 GIB = 1024.0  # MiB
 OURS = ("greedy",)  # our own heuristic (the solver's seed), not a peer

@@ -47,7 +47,7 @@ HARDWARE = {"name": "cpu", "peak_tflops": 0.01, "mfu": 0.5, "hbm_gib": 1.0, "hbm
 # -- the problem ------------------------------------------------------------------------------------
 def build_problem(args) -> Problem:
     """The cost model's problem for the model below; --tight-memory lowers every device's limit."""
-    from planner.costmodel import problem_from_document
+    from planner.documents import problem_from_document
 
     spec = {"model": {"name": "tiny-gpt", "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
                       "vocab": args.vocab, "seq_len": args.seq, "micro_batch_size": args.mbs, "dtype": "fp32",

@@ -58,7 +58,7 @@ def problem_from_doc(doc: Any) -> Problem:
     """A problem v1 document, or a model spec turned into one by the cost model (detected)."""
     if isinstance(doc, dict) and (doc.get("format") == PROBLEM_FORMAT or "stages" in doc):
         return Problem.model_validate(doc)  # no cost model needed for a problem document
-    from planner.costmodel import problem_from_document
+    from planner.documents import problem_from_document
 
     return problem_from_document(doc)
 

@@ -662,16 +662,6 @@ def partition_for(spec: Spec, strategy: str | list[int], chunks: int | None = No
     return balanced_partition([c.total_ms for c in costs], stages)
 
 
-def problem_from_spec(spec: Spec) -> Problem:
-    """The problem for the spec's own partition strategy ("auto" asks planner.adaptive)."""
-    if spec.partition == "auto":
-        from .adaptive import adaptive_problem  # search uses the heuristics; imported on demand
-
-        return adaptive_problem(spec)
-    costs = layer_costs(spec.model, spec.hardware, spec.training)
-    return build_problem(spec, partition_for(spec, spec.partition, costs=costs), costs=costs)
-
-
 def is_problem_document(doc: Any) -> bool:
     return isinstance(doc, dict) and (doc.get("format") == PROBLEM_FORMAT or "stages" in doc)
 
@@ -725,22 +715,6 @@ def check_spec_size(doc: Any, limits: Limits = DEFAULT_LIMITS) -> None:
                          f" {limits.max_auto_ops}; give \"balanced\" or a list of layers per stage")
 
 
-def problem_from_document(doc: dict, limits: Limits | None = None) -> Problem:
-    """A problem v1 dict (has "format": "pipeplan.problem/v1" or "stages") or a model spec dict (has
-    "model"), detected. Raises ValueError or pydantic's ValidationError naming the field."""
-    if not isinstance(doc, dict):
-        raise ValueError(f"document: expected a JSON object, got {type(doc).__name__}")  # noqa: TRY004
-    if is_problem_document(doc):
-        return Problem.model_validate(doc)
-    if "model" in doc or doc.get("format") == SPEC_FORMAT:
-        if limits is not None:  # the service's sizes, before any expensive step
-            check_spec_size(doc, limits)
-        return problem_from_spec(Spec.model_validate(doc))
-    raise ValueError(
-        "document: neither a problem v1 (needs \"format\": \"pipeplan.problem/v1\" or \"stages\") nor a"
-        " model spec (needs \"model\", \"hardware\" and \"training\")")
-
-
 def spec_from_document(doc: dict) -> Spec:
     """Validate a spec document (ValidationError names the field)."""
     return Spec.model_validate(doc)
@@ -761,8 +735,6 @@ __all__ = [
     "is_problem_document",
     "layer_costs",
     "partition_for",
-    "problem_from_document",
-    "problem_from_spec",
     "spec_from_document",
     "stage_device",
     "uniform_partition",

@@ -136,7 +136,7 @@ def check_spec(spec: dict[str, Any], limits: Limits) -> None:
 
 def problem_from_spec(spec: dict[str, Any], limits: Limits) -> Problem:
     """The spec's problem; 422 naming the field on any invalid or oversized input."""
-    from planner.costmodel import problem_from_document
+    from planner.documents import problem_from_document
 
     try:
         problem = problem_from_document(spec, limits)  # "partition": "auto" goes through planner.adaptive
@@ -223,7 +223,7 @@ def _context():
     with _CTX_LOCK:
         if _CTX is None:
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["service.inline", "planner.baselines", "planner.costmodel",
+            ctx.set_forkserver_preload(["service.inline", "planner.baselines", "planner.documents",
                                         "service.repository", "service.db", "service.exports_cache",
                                         "planner.exports"])
             _CTX = ctx

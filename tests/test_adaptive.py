@@ -23,7 +23,8 @@ from planner.adaptive import (
 )
 from planner.bounds import MemoryInfeasibleError
 from planner.contract import Plan, Problem
-from planner.costmodel import Spec, build_problem, layer_costs, problem_from_document, uniform_partition
+from planner.costmodel import Spec, build_problem, layer_costs, uniform_partition
+from planner.documents import problem_from_document
 from planner.validator import validate_plan
 
 

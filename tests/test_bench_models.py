@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 from bench.model_suite import SUITE, find  # noqa: E402
 from bench.models import header, offloaded_mib, rows_of  # noqa: E402
 from planner.baselines import NAMES, DoesNotFit, run_baseline  # noqa: E402
-from planner.costmodel import problem_from_document  # noqa: E402
+from planner.documents import problem_from_document  # noqa: E402
 
 SMALL = "qwen2.5-3b-p8-tied"
 

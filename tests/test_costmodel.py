@@ -17,10 +17,10 @@ from planner.costmodel import (
     balanced_partition,
     build_problem,
     layer_costs,
-    problem_from_document,
     stage_device,
     uniform_partition,
 )
+from planner.documents import problem_from_document
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "examples" / "specs"

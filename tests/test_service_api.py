@@ -58,7 +58,7 @@ def test_submit_miss_then_hit_and_etag(client):
 
 
 def test_spec_is_turned_into_a_problem_by_the_cost_model(client):
-    from planner.costmodel import problem_from_document
+    from planner.documents import problem_from_document
 
     spec = _small_spec()
     expected = problem_from_document(spec)

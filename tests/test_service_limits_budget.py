@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from planner.costmodel import problem_from_document
+from planner.documents import problem_from_document
 from planner.solver import solve
 
 

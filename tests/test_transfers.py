@@ -14,7 +14,8 @@ from planner.baselines import best_heuristic
 from planner.baselines.classic import gpipe_orders
 from planner.baselines.common import DoesNotFit, Outcome, better, evaluate, peaks_of, schedule_of
 from planner.contract import Plan, Problem
-from planner.costmodel import problem_from_spec, spec_from_document
+from planner.costmodel import spec_from_document
+from planner.documents import problem_from_spec
 from planner.memory import TimedOp, peak_memory
 from planner.ops import Choice, Kind
 from planner.simulator import Timing, build_plan, simulate

@@ -36,7 +36,8 @@ def profile_cmd(
         bad_input("pipeplan profile needs torch: pip install -e '.[torch]'")
     from pydantic import ValidationError
 
-    from planner.costmodel import Spec, problem_from_spec
+    from planner.costmodel import Spec
+    from planner.documents import problem_from_spec
 
     if ":" not in factory:
         bad_input(f"MODULE:FUNCTION: expected e.g. mymodels.small:layers, got {factory!r}")
