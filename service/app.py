@@ -169,7 +169,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if exc.name != "service.dashboard":
             raise
     else:
+        from . import dashboard_frontier  # builds on the dashboard: /dashboard/frontiers/{key}
+
         app.include_router(dashboard.router)
+        app.include_router(dashboard_frontier.router)
         home_url = "/dashboard/"
         mount = getattr(dashboard, "mount", None)
         if callable(mount):

@@ -32,10 +32,11 @@ from starlette.concurrency import run_in_threadpool
 from planner.contract import Plan, Problem
 
 from . import dashboard_data as data
+from . import dashboard_traces, exports_cache, heap
 from . import dashboard_views as views
-from . import exports_cache, heap
 from .admission import stream_admitted
 from .errors import MAX_PAGE, MAX_REVISION, ApiError, reject_nul
+from .frontier_store import FrontierStore
 from .models import JOB_STATES
 
 PREFIX = "/dashboard"
@@ -404,7 +405,7 @@ def plan_page(request: Request, key: str, revision: int | None = Query(None, ge=
     # fetches the table (and the 1F1B figure) right after; later views have both cached.
     cached = _baselines_known(request, key, problem)
     return templates.TemplateResponse(request, "dashboard/plan.html", _ctx(
-        request, summary=views.config_summary(problem), frontiers=dashboard_frontier.frontiers_of(repo, key),
+        request, summary=views.config_summary(problem), frontiers=_frontiers_of(repo, key),
         measured=dashboard_traces.measured_of(repo, key, problem),
         **_live_ctx(request, repo, key, problem, plan, compute_baselines=cached),
     ), background=heap.release_after(_ops(plan)))
@@ -442,6 +443,14 @@ def plan_charts(request: Request, key: str, zoom: int = Query(1, ge=1, le=max(da
     return templates.TemplateResponse(request, "dashboard/_charts.html", _ctx(
         request, key=key, plan=plan, c=_renders(request).charts(key, problem, plan, zoom)),
         background=heap.release_after(_ops(plan)))
+
+
+def _frontiers_of(repo, key: str) -> list[str]:
+    """The frontiers a plan's key is a point of (the plan page links to them)."""
+    try:
+        return FrontierStore(repo).frontiers_of(key)
+    except Exception:  # noqa: BLE001 - an old schema without the table: no link, the page still renders
+        return []
 
 
 def _ops(plan: Plan) -> int:
@@ -516,6 +525,3 @@ async def _next(sub, timeout: float) -> dict[str, Any] | None:
         await asyncio.sleep(timeout)
         return None
     return await sub.get(timeout)
-
-from . import dashboard_frontier  # noqa: E402,F401 - registers /dashboard/frontiers/{key} on `router`
-from . import dashboard_traces  # noqa: E402 - predicted vs measured (plan page, overview marker)

@@ -9,12 +9,16 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from fastapi import HTTPException, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse
 
-from .dashboard import _ctx, _repo, gated, router, templates
+from .dashboard import PREFIX, _ctx, _repo, gated, templates
 from .dashboard_views import _n, _tick_label, _ticks, nice_step
 from .frontier_store import FrontierStore
+
+# its own router, included by the app factory beside the dashboard's: this module builds on
+# service.dashboard, which therefore does not import it (imports point one way)
+router = APIRouter(prefix=PREFIX, tags=["dashboard"], include_in_schema=False)
 
 GIB = 1024.0
 CURVE, BAND, PEER = "#4e79a7", "#a0cbe8", "#e15759"
@@ -109,11 +113,3 @@ def frontier_page(request: Request, key: str) -> HTMLResponse:
     return templates.TemplateResponse(request, "dashboard/frontier.html", _ctx(
         request, key=key, doc=doc, points=rows, svg=frontier_svg(doc), gib=GIB,
         dominated=sum(1 for d in doc["dominance"] if d["dominated"]), dominance=doc["dominance"]))
-
-
-def frontiers_of(repo, key: str) -> list[str]:
-    """The frontiers a plan's key is a point of (the plan page links to them)."""
-    try:
-        return FrontierStore(repo).frontiers_of(key)
-    except Exception:  # noqa: BLE001 - an old schema without the table: no link, the page still renders
-        return []

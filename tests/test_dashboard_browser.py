@@ -128,16 +128,16 @@ def test_plan_page_draws_exactly_one_bar_per_op(server, page):
     problem = make_problem(4, 12, offload=True, limit_mib=10500.0)
     _post(server, problem)
     key = problem.key()
-    plan = httpx.get(f"{server['base']}/v1/plans/{key}", timeout=10).json()
-    n_ops = sum(len(d["ops"]) for d in plan["devices"])
     page.goto(f"{server['base']}/dashboard/plans/{key}")
     page.locator("svg.gantt").wait_for()
-    revision = int(page.locator("#m-revision").inner_text())
-    if revision != plan["revision"]:  # the worker improved it in between: count the plan on screen
-        plan = httpx.get(f"{server['base']}/v1/plans/{key}/revisions/{revision}", timeout=10).json()
-        n_ops = sum(len(d["ops"]) for d in plan["devices"])
-    assert page.locator("svg.gantt rect.op").count() == n_ops
-    assert int(page.locator("svg.gantt").get_attribute("data-ops")) == n_ops
+    # one read of the page: the live region may swap in a newer revision (the worker improves the
+    # plan meanwhile) between two separate reads
+    revision, bars, said = page.evaluate(
+        "() => [+document.querySelector('#m-revision').textContent,"
+        " document.querySelectorAll('svg.gantt rect.op').length, +document.querySelector('svg.gantt').dataset.ops]")
+    plan = httpx.get(f"{server['base']}/v1/plans/{key}/revisions/{revision}", timeout=10).json()
+    n_ops = sum(len(d["ops"]) for d in plan["devices"])
+    assert bars == said == n_ops, (revision, bars, said, n_ops)
     assert page.locator("svg.memory g.mem-device").count() == problem.num_devices
     assert page.locator("svg.memory line.mem-limit").count() == problem.num_devices
     # hover: the single delegated handler shows op, stage, microbatch, start and end
