@@ -219,7 +219,7 @@ def _submit_job(body: PlanRequest, st: ServiceState, budget: float) -> dict[str,
 
 @router.post("/plans", response_model=PlanEnvelope, status_code=200,
              summary="Submit a problem or model spec; get the best plan now",
-             responses={201: {"description": "Cache miss: first plan computed and stored"},
+             responses={201: {"model": PlanEnvelope, "description": "Cache miss: first plan computed and stored"},
                         422: {"description": "Invalid input or infeasible memory budget"}},
              dependencies=[Depends(require_write), Depends(rate_limited)])
 async def submit(body: PlanRequest, request: Request) -> Response:
