@@ -16,8 +16,7 @@ from ..contract import Problem
 
 _TIME_SCALES = (1, 2, 4, 5, 10, 20, 25, 40, 50, 100, 200, 250, 500, 1000)
 # Without an exact scale, the shortest duration spans this many ticks: rounding then adds at most
-# 0.1% per op, and the hint's stretch (convert.stretch) is 0.3%. (At 100 ticks the stretch would be
-# 3%, more than CP-SAT usually gains.)
+# 0.1% per op; a seed's hint (convert._order_kept) gains about a tick per op of its longest chain.
 TICKS_PER_SHORTEST = 1000.0
 _MEM_SCALES = (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 1000)
 
