@@ -535,35 +535,17 @@ async def _export(request: Request, key: str, revision: int | None, kind: str, i
 
 
 async def _build_export(st: ServiceState, request: Request, key: str, revision: int, kind: str, path) -> None:
-    """One build per file at a time in this process, in a time-boxed child holding a heavy slot."""
-    pending = _building.get(str(path))
-    if pending is not None:
-        await asyncio.shield(pending)
-        return
-    future: asyncio.Future = asyncio.get_running_loop().create_future()
-    _building[str(path)] = future
-    try:
+    """One build per file at a time in this process, in a time-boxed child holding a heavy slot. A
+    finished export serves every later client, so a build goes on when its client leaves."""
+    async def build() -> None:
         async with st.admission.heavy_slot():
             job = {"key": key, "revision": revision, "kind": kind, "path": str(path),
                    "database_url": st.settings.resolved_database_url}
-            await inline.run_in_child(job, st.settings.inline_timeout_s, _never, st.settings.retry_after_s,
+            await inline.run_in_child(job, st.settings.inline_timeout_s, None, st.settings.retry_after_s,
                                       entry=exports_cache.build, what=f"the {kind} export")
         st.metrics.export_cache.labels(kind, "build").inc()
-        future.set_result(None)
-    except asyncio.CancelledError:
-        future.cancel()
-        raise
-    except Exception as exc:
-        future.set_exception(exc)
-        future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
-        raise
-    finally:
-        _building.pop(str(path), None)
 
-
-async def _never() -> bool:
-    """A finished export serves every later client, so a build goes on when its client leaves."""
-    return False
+    await inline.single_flight(_building, str(path), build)
 
 
 _EXPORT_RESPONSES = {304: {"description": "Not modified (If-None-Match)"},

@@ -328,7 +328,14 @@ def _baselines_known(request: Request, key: str, problem: Problem) -> bool:
 
 
 _BASELINE_BUILDS: dict[str, asyncio.Future] = {}  # key -> the child computing its table (single flight)
-_BASELINE_SLOT = asyncio.Semaphore(1)  # one table at a time per process: a big one is a minute of a core
+
+
+def _baseline_slot(request: Request) -> asyncio.Semaphore:
+    """One table at a time per app (a big one is a minute of a core); made in the app's own loop."""
+    slot = getattr(request.app.state, "baseline_slot", None)
+    if slot is None:
+        slot = request.app.state.baseline_slot = asyncio.Semaphore(1)
+    return slot
 
 
 async def _build_baselines(request: Request, key: str, problem: Problem) -> None:
@@ -341,17 +348,13 @@ async def _build_baselines(request: Request, key: str, problem: Problem) -> None
     settings = _state_attr(request, "settings")
     if settings is None or _baselines_known(request, key, problem):
         return
-    pending = _BASELINE_BUILDS.get(key)
-    if pending is not None:
-        await asyncio.shield(pending)
-        return
-    future = _BASELINE_BUILDS[key] = asyncio.get_running_loop().create_future()
-    try:
-        async with _BASELINE_SLOT:
+
+    async def build() -> None:
+        async with _baseline_slot(request):
             job = {"key": key, "root": str(settings.resolved_export_cache_dir),
                    "database_url": settings.resolved_database_url}
             try:
-                result = await inline.run_in_child(job, settings.baselines_timeout_s, _never,
+                result = await inline.run_in_child(job, settings.baselines_timeout_s, None,
                                                    settings.retry_after_s, entry=data.build_baselines,
                                                    what="the baselines table")
             except ApiError as exc:  # the time box, a crash: said in the table's place
@@ -359,17 +362,8 @@ async def _build_baselines(request: Request, key: str, problem: Problem) -> None
         if not _baselines_known(request, key, problem):  # no rows written: keep the note instead
             note = result.get("note") or "No baseline applies to this problem."
             BASELINES.put_table(key, problem, [], note)
-        future.set_result(None)
-    except BaseException as exc:
-        future.set_exception(exc)
-        future.exception()
-        raise
-    finally:
-        _BASELINE_BUILDS.pop(key, None)
 
-
-async def _never() -> bool:
-    return False
+    await inline.single_flight(_BASELINE_BUILDS, key, build)
 
 
 def _baseline_rows(request: Request, key: str, problem: Problem, plan: Plan) -> tuple[list[dict[str, Any]], str]:

@@ -247,6 +247,25 @@ def _noop() -> None:
     return None
 
 
+async def single_flight(inflight: dict[str, asyncio.Future], key: str, work) -> None:
+    """Await `work()` once per `key` at a time in this process: concurrent callers of a key wait for
+    the one run under way (and see its exception), so a cached result is built once."""
+    pending = inflight.get(key)
+    if pending is not None:
+        await asyncio.shield(pending)
+        return
+    future = inflight[key] = asyncio.get_running_loop().create_future()
+    try:
+        await work()
+        future.set_result(None)
+    except BaseException as exc:
+        future.set_exception(exc)
+        future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
+        raise
+    finally:
+        inflight.pop(key, None)
+
+
 class Gone(Exception):
     """The client disconnected while its first plan was computed; the child was killed."""
 
@@ -254,7 +273,8 @@ class Gone(Exception):
 async def run_in_child(job: dict[str, Any], timeout_s: float, is_disconnected, retry_after_s: float,
                        entry=None, what: str = "the first plan") -> dict:
     """Run `entry(job)` (default revision_one; a module-level function, it is pickled by name) in a
-    fresh child; kill it at `timeout_s` or when the client leaves."""
+    fresh child; kill it at `timeout_s` or when the client leaves (`is_disconnected`; None for work
+    that outlives its first requester, such as a cached export)."""
     from starlette.concurrency import run_in_threadpool
 
     ctx = _context()
@@ -275,7 +295,7 @@ async def run_in_child(job: dict[str, Any], timeout_s: float, is_disconnected, r
                                   f"{what} took longer than {timeout_s:g} s and was stopped; retry later",
                                   retry_after_s)
             await asyncio.wait({ready}, timeout=min(0.25, left))
-            if not ready.done() and await is_disconnected():
+            if not ready.done() and is_disconnected is not None and await is_disconnected():
                 raise Gone()
         try:
             result = parent.recv()
