@@ -109,7 +109,7 @@ def simulate(problem: Problem, schedule: Schedule,
 
     Lanes are walked in order, each as far as its next op's predecessors are timed; a lane blocked on
     an untimed op waits on that op and resumes when it is timed. Every op and every edge is looked at
-    about once, without building a graph (the inline first plan of 400,000 ops simulates several
+    about once, without building a graph (the inline first plan of up to 131,072 ops simulates several
     candidates, so this is on the hot path of a POST). `choices`: check_schedule's result, when the
     caller has it already."""
     choices = choices if choices is not None else check_schedule(problem, schedule)
