@@ -6,7 +6,8 @@ What calibration can honestly do here: it works on the problem (the stage partit
 are fixed), so a slow stage is not given fewer layers; the calibrated problem carries the measured
 costs (the slowed stage's about 2x), its plan predicts the slowed run instead of the healthy one, and
 no plan of it is slower on that hardware than the plan that ran (the solver fits the other devices'
-work around the slow one).
+work around the slow one). The work a plan adds does move off the slow stage: under a memory limit,
+the plan that ran recomputed 7 microbatches there (280 ms at the slowed cost), the calibrated one 1.
 """
 
 from __future__ import annotations
@@ -179,6 +180,44 @@ def test_trace_store_on_postgresql(pg_url, tmp_path):  # noqa: F811
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM plan_traces")).scalar() == 1
     engine.dispose()
+
+
+def memory_limited(m: int) -> Problem:
+    """`uniform` with offload and recompute allowed and limits halfway between the least memory any
+    schedule needs and 1F1B's peak: every plan recomputes or offloads somewhere."""
+    from planner.baselines import run_baseline
+    from planner.bounds import min_memory
+
+    doc = uniform(m).model_dump(mode="json")
+    doc["options"].update(offload=True, recompute=True)
+    for stage in doc["stages"]:
+        stage.update(offload_ms=15.0, activation_mib=100.0, weight_grad_mib=20.0, checkpoint_mib=5.0,
+                     offloadable_mib=90.0)
+    free = Problem.model_validate(doc)
+    peak, floor = run_baseline(free, "1f1b").peak_memory_mib, min_memory(free)
+    for d, device in enumerate(doc["devices"]):
+        device["memory_limit_mib"] = floor[d] + 0.5 * (peak[d] - floor[d])
+    return Problem.model_validate(doc)
+
+
+def test_the_calibrated_plan_moves_recompute_work_off_a_slowed_stage(service, tmp_path):
+    """The partition is fixed, so no layer leaves the slow stage; the work a plan adds (recomputed
+    forwards) does: on stage 2 at twice its planned cost, the calibrated plan recomputes fewer of
+    its microbatches there (it holds or offloads them instead) than the plan that ran."""
+    problem = memory_limited(8)
+    truth = slowed(problem, 2, 2.0)
+    out = check_calibration_loop(service, problem, lambda plan: replay(truth, plan), tmp_path)
+
+    def recompute_ms(plan: Plan, p: Problem, stage: int) -> float:
+        return sum(p.stages[stage].recompute_ms for dp in plan.devices for op in dp.ops
+                   if op.kind == "RECOMPUTE" and op.stage == stage)
+
+    ran, best, calibrated = out["ran"], out["best"], out["calibrated"]
+    before = recompute_ms(ran, truth, 2)
+    after = recompute_ms(best, calibrated, 2)
+    assert before > 0, "the plan that ran must recompute on stage 2 for this test to say anything"
+    assert after < before, (before, after)
+    assert best.makespan_ms <= retime(calibrated, ran) + 1e-6
 
 
 @pytest.mark.torch
