@@ -7,7 +7,8 @@ are fixed), so a slow stage is not given fewer layers; the calibrated problem ca
 costs (the slowed stage's about 2x), its plan predicts the slowed run instead of the healthy one, and
 no plan of it is slower on that hardware than the plan that ran (the solver fits the other devices'
 work around the slow one). The work a plan adds does move off the slow stage: under a memory limit,
-the plan that ran recomputed 7 microbatches there (280 ms at the slowed cost), the calibrated one 1.
+the plan that ran recomputed 7 microbatches there (280 ms at the slowed cost), the calibrated one 1
+(one run; the test asserts fewer).
 """
 
 from __future__ import annotations
