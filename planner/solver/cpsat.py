@@ -28,6 +28,9 @@ class RunOutcome:
     hint_ok: bool | None  # did the model accept the complete hint (checked only when asked)
     wall_s: float
     solution: tuple | None = None  # (starts, choices) of the last solution, in ticks
+    # seconds from the call to the first solution (with a feasible hint: the hint itself, so about
+    # what building, loading and presolving the model cost); None when none came
+    first_s: float | None = None
 
 
 class _Callback(cp_model.CpSolverSolutionCallback):
@@ -36,8 +39,11 @@ class _Callback(cp_model.CpSolverSolutionCallback):
         self.built, self.inc, self.scale, self.method, self.prove = built, inc, scale, method, prove
         self.errors = 0
         self.target_ms = combined_lower_bound(built.p)
+        self.first_at: float | None = None
 
     def on_solution_callback(self) -> None:
+        if self.first_at is None:
+            self.first_at = time.monotonic()
         try:  # an exception escaping a solver callback can abort the process: keep it here
             starts, choices = self.built.read(self.value, self.boolean_value)
             bound = None
@@ -145,7 +151,8 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, seconds: float, stop: th
     solution = None
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         solution = built.read(solver.value, solver.boolean_value)
-    return RunOutcome(solver.status_name(status), bound, hint_ok, time.monotonic() - started, solution)
+    first = callback.first_at - started if callback.first_at is not None else None
+    return RunOutcome(solver.status_name(status), bound, hint_ok, time.monotonic() - started, solution, first)
 
 
 def _horizon(problem: Problem, scale: Scale, starts, work) -> int:

@@ -32,6 +32,14 @@ PRESOLVE_PAIRS = 1024  # above this many pairs, presolve costs more than a step 
 # neighbourhoods timed out at 3 s and shrank to nothing (no gain).
 LARGE_WINDOW_OPS = 1200
 LARGE_STEP_S = 6.0
+# A step first builds, loads and presolves the whole model (every pair, most of them only held in
+# their lane order); only then does it search. That overhead is measured (the time to the step's
+# first solution, the hint) and a step gets at least OVERHEAD_FACTOR times it, up to MAX_STEP_FACTOR
+# times its base budget (a step that finds not even the hint counts as all overhead). Measured on Llama-3-8B V at half memory (16 stages, M=32): presolve took
+# 1.2-1.7 s of every 3-s step; from the greedy seed, 40 s of LNS reached 6643/6647 ms with 3-s
+# steps, 6603/6591 with 6-s steps, 6614 with 10-s steps (1.5-s steps without presolve: 6701).
+OVERHEAD_FACTOR = 4.0
+MAX_STEP_FACTOR = 4.0
 
 
 def _op_window(problem: Problem, starts: dict[Op, int], rng: random.Random, size: int
@@ -98,6 +106,8 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, deadline: float, stop: t
     kinds = ["ops", "ops", "time", "microbatches", "devices"]
     large = pairs > PRESOLVE_PAIRS
     state, state_ms = None, float("inf")
+    base_s = LARGE_STEP_S if large else step_s
+    overhead = 0.0  # seconds before a step's search starts (latest measurement)
     while time.monotonic() < deadline - 0.2 and not (stop is not None and stop.is_set()):
         if inc.plan is None:
             break
@@ -117,13 +127,17 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, deadline: float, stop: t
             if size >= pairs:
                 free, free_ops = None, None  # the whole problem fits in one step
         before = inc.makespan
-        budget = min(LARGE_STEP_S if large else step_s, deadline - time.monotonic())
+        budget = min(step_budget(base_s, overhead), deadline - time.monotonic())
         if budget <= 0.1:
             break
         out = cpsat.run(problem, inc, scale, budget, stop, workers, seed + steps, deterministic,
                         options, free=free, method="cp-sat lns", base=state,
                         presolve=not large, free_ops=free_ops, fix_before=fix_before)
         steps += 1
+        # (not above PRESOLVE_PAIRS, measured with its own budget; not when deterministic: a budget
+        # from wall-clock time would make the steps depend on the machine's load)
+        if not large and not deterministic and (out.first_s is not None or out.wall_s >= budget * 0.9):
+            overhead = out.first_s if out.first_s is not None else out.wall_s
         if out.solution is not None and _end(problem, scale, out.solution[0]) <= _end(problem, scale, starts):
             state = out.solution  # same or shorter makespan, more compressed: the next base
             state_ms = min(state_ms, inc.makespan)
@@ -138,6 +152,10 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, deadline: float, stop: t
     notes.append(f"lns: {steps} steps, {gains} improving, final neighbourhood {size} pairs")
     return None
 
+
+def step_budget(base_s: float, overhead_s: float) -> float:
+    """Seconds for the next step: the base, or enough that the model's overhead is a small part."""
+    return min(MAX_STEP_FACTOR * base_s, max(base_s, OVERHEAD_FACTOR * overhead_s))
 
 
 def _end(problem: Problem, scale: Scale, starts: dict[Op, int]) -> int:
