@@ -37,8 +37,15 @@ def first_backward_start(problem: Problem, k: int) -> float:
 
 
 def lower_bound(problem: Problem) -> float:
+    """max of `free_lower_bound` (no memory limits) and `warmup_bound` (memory before the first
+    backward)."""
+    return max(free_lower_bound(problem), warmup_bound(problem))
+
+
+def free_lower_bound(problem: Problem) -> float:
     """max of: one microbatch's critical path; per device, the earliest it can start plus all its
     work plus what must follow its last op; per device, the earliest backward plus all backward work.
+    Memory limits play no part.
     """
     m = problem.num_microbatches
     split = problem.options.split_backward
@@ -55,6 +62,69 @@ def lower_bound(problem: Problem) -> float:
         head = min(forward_head(problem, k) for k in stages)
         best = max(best, head + work_f + work_bw + tail,
                    min(first_backward_start(problem, k) for k in stages) + work_bw + tail)
+    return best
+
+
+def _slot_starts(problem: Problem, k: int, cap: float) -> list[float]:
+    """Earliest start of the j-th op (j = 1, 2, ...) on stage k's device that holds an activation of
+    k until after its first backward can start: a forward that is not recomputed (it allocates the
+    activation) or a RECOMPUTE (activation minus checkpoint). Before any backward, memory comes back
+    only when an OFFLOAD ends, and the D2H lane ends the q-th no earlier than q copies after the
+    first forward (and q forwards before the last copy); the j-th such op needs enough of them."""
+    s = problem.stages[k]
+    opts = problem.options
+    held = s.activation_mib - (s.checkpoint_mib if opts.recompute else 0.0)
+    head = forward_head(problem, k)
+    freed = (s.offloadable_mib or 0.0) if opts.offload else 0.0
+    off = s.offload_ms or 0.0
+    starts = []
+    for j in range(1, problem.num_microbatches + 1):
+        excess = j * held - cap
+        q = 0 if excess <= 1e-9 else (math.ceil(excess / freed - 1e-9) if freed > 0 else None)
+        if q is None:
+            break  # no more such ops before the first backward
+        serial = head + (j - 1) * s.forward_ms
+        copies = head + max(s.forward_ms + q * off, q * s.forward_ms + off) if q else head
+        starts.append(max(serial, copies))
+    return starts
+
+
+def warmup_bound(problem: Problem) -> float:
+    """Per device with one stage k and a memory limit: until the first backward can start (t_b),
+    the device runs only forwards (and recomputes), and every forward that is not recomputed holds
+    its activation past t_b, as does every recompute; so only as many of them fit as memory and the
+    offloads finished by then allow (`_slot_starts`). A recomputed forward needs no room but costs
+    its recompute later: it turns at most F - R of idle into work. So the device wastes at least
+    (t_b - head - F x holders) x min(1, R / F) before t_b, and makespan >= head + work + waste
+    (+ the backward chain below k after its last BW, without split backward).
+    Qwen2.5-3B on 8 GPUs at 70% of 1F1B's memory: device 0 holds four activations, and a copy takes
+    five forwards, so at most seven forwards fill the 155 ms before the first backward."""
+    best = 0.0
+    opts = problem.options
+    for d in range(problem.num_devices):
+        stages = problem.stages_of(d)
+        limit = problem.limit_of(d)
+        if len(stages) != 1 or math.isinf(limit):
+            continue
+        k = stages[0]
+        s = problem.stages[k]
+        if s.forward_ms <= 0:
+            continue
+        head = forward_head(problem, k)
+        t_b = first_backward_start(problem, k)
+        cap = limit - problem.devices[d].static_mib
+        starts = [t for t in _slot_starts(problem, k, cap) if t < t_b]
+        if opts.recompute:  # a recompute's forward ran whole before it
+            useful = s.forward_ms * len(starts)
+        else:
+            useful = sum(min(s.forward_ms, t_b - t) for t in starts)
+        factor = min(1.0, (s.recompute_ms if s.recompute_ms is not None else s.forward_ms) / s.forward_ms) \
+            if opts.recompute else 1.0
+        waste = max(0.0, t_b - head - useful) * factor
+        m = problem.num_microbatches
+        work = m * (s.forward_ms + s.backward_input_ms + s.backward_weight_ms)
+        tail = 0.0 if opts.split_backward else backward_tail(problem, k)  # after its last BW
+        best = max(best, head + work + waste + tail)
     return best
 
 

@@ -164,3 +164,52 @@ def test_infeasible_report_is_json_with_unlimited_devices():
     report = json.loads(json.dumps(info.value.to_dict(), allow_nan=False))
     assert report["memory_limit_mib"] == [0.5, None]
     assert report["min_memory_mib"][0] > 0.5
+
+
+def test_warmup_bound_hand_value():
+    """P=2, M=4, unit costs, room for one activation, 3-ms copies: device 0 runs F(0,0), then nothing
+    fits until its copy ends at 4 > the first backward's earliest start (3), so 2 ms are idle."""
+    from planner.bounds import free_lower_bound, warmup_bound
+
+    problem = make_problem(p=2, m=4, limit=100.0, offload=True, offload_ms=3.0, offloadable_mib=100.0)
+    assert free_lower_bound(problem) == pytest.approx(13.0)  # device 1: F(0,0), then its 12 ms
+    assert warmup_bound(problem) == pytest.approx(14.0)  # device 0: 12 ms of work + 2 idle
+    assert lower_bound(problem) == pytest.approx(14.0)
+    # a recompute as slow as the forward gains nothing; one twice as fast halves the idle
+    rec = make_problem(p=2, m=4, limit=100.0, recompute=True, checkpoint_mib=0.0)
+    assert warmup_bound(rec) == pytest.approx(14.0)
+    fast = make_problem(p=2, m=4, limit=100.0, recompute=True, checkpoint_mib=0.0, recompute_ms=0.5)
+    assert warmup_bound(fast) == pytest.approx(13.0)
+    # no limit, or room for every forward before the first backward: no warm-up bound
+    assert warmup_bound(make_problem(p=2, m=4)) == 0.0
+    assert warmup_bound(make_problem(p=2, m=4, limit=400.0)) <= free_lower_bound(problem)
+
+
+WARMUP_CASES = [
+    {"p": 2, "m": 4, "limit": 100.0, "offload": True, "offload_ms": 3.0, "offloadable_mib": 100.0},
+    {"p": 2, "m": 3, "limit": 100.0, "recompute": True, "checkpoint_mib": 0.0},
+    {"p": 3, "m": 4, "limit": 130.0, "offload": True, "recompute": True, "offload_ms": 3.0,
+     "offloadable_mib": 100.0, "checkpoint_mib": 5.0, "weight_grad_mib": 50.0},
+    {"p": 3, "m": 4, "limit": 150.0, "offload": True, "offload_ms": 2.0, "offloadable_mib": 60.0},
+    {"p": 2, "m": 5, "limit": 150.0, "offload": True, "offload_ms": 2.5, "offloadable_mib": 100.0,
+     "weight_grad_mib": 80.0},
+]
+
+
+@pytest.mark.parametrize("kw", WARMUP_CASES)
+def test_warmup_bound_is_below_the_proven_optimum(kw, monkeypatch):
+    """CP-SAT blind to every memory-aware bound (it knows only free_lower_bound) proves an optimum;
+    warmup_bound is never above it, and is above the memory-free bound on these cases."""
+    from planner import simulator
+    from planner.bounds import free_lower_bound, warmup_bound
+    from planner.solver import api, cpsat, solve
+
+    monkeypatch.setattr(cpsat, "combined_lower_bound", free_lower_bound)
+    monkeypatch.setattr(api, "memory_lower_bound", lambda problem: 0.0)
+    monkeypatch.setattr(api, "lower_bound", free_lower_bound)
+    monkeypatch.setattr(simulator, "lower_bound", free_lower_bound)
+    problem = make_problem(**kw)
+    result = solve(problem, 10.0, engine="cpsat", deterministic=True, workers=1)
+    assert result.status == "optimal"
+    assert warmup_bound(problem) > free_lower_bound(problem) + 1e-9
+    assert warmup_bound(problem) <= result.plan.makespan_ms + 1e-9
