@@ -37,9 +37,9 @@ def first_backward_start(problem: Problem, k: int) -> float:
 
 
 def lower_bound(problem: Problem) -> float:
-    """max of `free_lower_bound` (no memory limits) and `warmup_bound` (memory before the first
-    backward)."""
-    return max(free_lower_bound(problem), warmup_bound(problem))
+    """max of `free_lower_bound` (no memory limits), `warmup_bound` (memory before the first
+    backward) and `exclusive_bound` (room for one activation at a time)."""
+    return max(free_lower_bound(problem), warmup_bound(problem), exclusive_bound(problem))
 
 
 def free_lower_bound(problem: Problem) -> float:
@@ -125,6 +125,82 @@ def warmup_bound(problem: Problem) -> float:
         work = m * (s.forward_ms + s.backward_input_ms + s.backward_weight_ms)
         tail = 0.0 if opts.split_backward else backward_tail(problem, k)  # after its last BW
         best = max(best, head + work + waste + tail)
+    return best
+
+
+def _least_split(kinds: list[tuple[float, float, float]], m: float, outside: float) -> float:
+    """min over n_t >= 0, sum n_t = m, of max(L1, L2): L1 = sum n_t stretch_t, L2 = L1 + outside +
+    sum n_t (forward_t - idle_t). Both are linear, so the minimum lies at a vertex of the simplex or
+    where L1 = L2 on one of its edges."""
+    def value(x: list[float]) -> float:
+        stretch = sum(n * kd[0] for n, kd in zip(x, kinds))
+        spill = outside + sum(n * (kd[2] - kd[1]) for n, kd in zip(x, kinds))
+        return stretch + max(0.0, spill)
+
+    points = []
+    for i in range(len(kinds)):
+        points.append([m if j == i else 0.0 for j in range(len(kinds))])
+        for j in range(i + 1, len(kinds)):
+            gi, gj = kinds[i][2] - kinds[i][1], kinds[j][2] - kinds[j][1]
+            if abs(gi - gj) > 1e-12:  # outside + n gi + (m - n) gj = 0
+                n = -(outside + m * gj) / (gi - gj)
+                if 0.0 <= n <= m:
+                    points.append([n if t == i else (m - n if t == j else 0.0) for t in range(len(kinds))])
+    return min(value(x) for x in points)
+
+
+def exclusive_bound(problem: Problem) -> float:
+    """Per device with one stage k whose memory holds one activation at a time (two of them, or an
+    activation beside the weight gradient another microbatch holds until its W, do not fit): every
+    microbatch then holds the device's memory alone for a while, and those stretches are disjoint:
+    kept, from its forward's start through the round trip to its backward's end; offloaded, for its
+    forward and copy out, then its copy in and backward; recomputed, for the recompute and backward
+    (each + W when weight gradients cannot coexist either). The compute lane is busy throughout a
+    recompute's stretch, so only the forwards of recomputed microbatches (and W's outside the
+    stretches) can fill the copies and round trips of the others:
+
+        makespan >= head + sum of stretches + max(0, outside work - idle inside the stretches),
+
+    minimised over how many microbatches take each treatment (a fractional split, so it stays a
+    proof). Qwen2.5-3B on 8 GPUs at half of 1F1B's memory: device 0 has 3,566 MiB for activations of
+    2,220 MiB and weight gradients of 1,790 MiB, so recomputing every microbatch costs 311 ms and a
+    copy round trip takes ten forwards."""
+    best = 0.0
+    opts = problem.options
+    m = float(problem.num_microbatches)
+    for d in range(problem.num_devices):
+        stages = problem.stages_of(d)
+        limit = problem.limit_of(d)
+        if len(stages) != 1 or math.isinf(limit):
+            continue
+        k = stages[0]
+        if k + 1 == problem.num_stages:
+            continue  # the last stage's backward follows its forward: no round trip to fill
+        s = problem.stages[k]
+        cap = limit - problem.devices[d].static_mib
+        act = s.activation_mib
+        if 2 * act <= cap + 1e-9:
+            continue
+        split = opts.split_backward
+        grad = s.weight_grad_mib if split else 0.0
+        w_alone = split and 2 * grad > cap + 1e-9 and act + grad > cap + 1e-9
+        b = s.backward_input_ms if split else s.backward_input_ms + s.backward_weight_ms
+        w = s.backward_weight_ms if split else 0.0
+        tail = w if w_alone else 0.0
+        outside_w = 0.0 if w_alone else m * w  # W's that may run anywhere
+        trip = max(0.0, first_backward_start(problem, k) - forward_head(problem, k) - s.forward_ms)
+        rec_ms = s.recompute_ms if s.recompute_ms is not None else s.forward_ms
+        off_ms = s.offload_ms or 0.0
+        rel_ms = s.reload_ms if s.reload_ms is not None else off_ms
+        # (stretch, idle inside it, forward outside it) per microbatch of each treatment
+        kinds = [(s.forward_ms + trip + b + tail, trip, 0.0)]
+        if opts.offload and (s.offloadable_mib or 0.0) > 0:
+            kinds.append((s.forward_ms + off_ms + rel_ms + b + tail, off_ms + rel_ms, 0.0))
+        if opts.recompute and act - s.checkpoint_mib > 0:
+            kinds.append((rec_ms + b + tail, 0.0, s.forward_ms))
+        least = _least_split(kinds, m, outside_w)
+        head = forward_head(problem, k)
+        best = max(best, head + least)
     return best
 
 

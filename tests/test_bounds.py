@@ -174,7 +174,7 @@ def test_warmup_bound_hand_value():
     problem = make_problem(p=2, m=4, limit=100.0, offload=True, offload_ms=3.0, offloadable_mib=100.0)
     assert free_lower_bound(problem) == pytest.approx(13.0)  # device 1: F(0,0), then its 12 ms
     assert warmup_bound(problem) == pytest.approx(14.0)  # device 0: 12 ms of work + 2 idle
-    assert lower_bound(problem) == pytest.approx(14.0)
+    assert lower_bound(problem) >= 14.0  # exclusive_bound says 16: one activation at a time
     # a recompute as slow as the forward gains nothing; one twice as fast halves the idle
     rec = make_problem(p=2, m=4, limit=100.0, recompute=True, checkpoint_mib=0.0)
     assert warmup_bound(rec) == pytest.approx(14.0)
@@ -213,3 +213,50 @@ def test_warmup_bound_is_below_the_proven_optimum(kw, monkeypatch):
     assert result.status == "optimal"
     assert warmup_bound(problem) > free_lower_bound(problem) + 1e-9
     assert warmup_bound(problem) <= result.plan.makespan_ms + 1e-9
+
+
+def test_exclusive_bound_hand_value():
+    """P=2, M=4, unit costs, 150 MiB for activations of 100 and weight gradients of 80: device 0 holds
+    one at a time. Kept, a microbatch holds it 5 ms (F, the 2-ms round trip, B, W) with 2 idle;
+    recomputed, 3 ms (R, B, W) with its forward outside. 4/3 kept and 8/3 recomputed: 14 2/3."""
+    from planner.bounds import exclusive_bound, free_lower_bound
+
+    problem = make_problem(p=2, m=4, limit=150.0, recompute=True, checkpoint_mib=0.0, weight_grad_mib=80.0)
+    assert exclusive_bound(problem) == pytest.approx(14.0 + 2.0 / 3.0)
+    assert lower_bound(problem) == pytest.approx(exclusive_bound(problem))
+    assert free_lower_bound(problem) == pytest.approx(13.0)
+    # room for two activations, or no limit: nothing to say
+    assert exclusive_bound(make_problem(p=2, m=4, limit=200.0, recompute=True, weight_grad_mib=80.0)) == 0.0
+    assert exclusive_bound(make_problem(p=2, m=4, recompute=True)) == 0.0
+
+
+EXCLUSIVE_CASES = [
+    {"p": 2, "m": 4, "limit": 150.0, "recompute": True, "checkpoint_mib": 0.0, "weight_grad_mib": 80.0},
+    {"p": 3, "m": 4, "limit": 150.0, "recompute": True, "offload": True, "offload_ms": 2.0,
+     "offloadable_mib": 100.0, "checkpoint_mib": 1.0, "weight_grad_mib": 80.0},
+    {"p": 3, "m": 4, "limit": 150.0, "offload": True, "offload_ms": 1.0, "offloadable_mib": 100.0,
+     "weight_grad_mib": 80.0},
+    {"p": 4, "m": 5, "limit": 120.0, "recompute": True, "offload": True, "offload_ms": 1.5,
+     "offloadable_mib": 100.0, "checkpoint_mib": 2.0, "weight_grad_mib": 70.0},
+]
+
+
+@pytest.mark.parametrize("kw", EXCLUSIVE_CASES)
+def test_exclusive_bound_is_below_the_proven_optimum(kw, monkeypatch):
+    """As for warmup_bound: CP-SAT blind to the memory-aware bounds proves an optimum, and
+    exclusive_bound, above every other bound on these cases, is never above it."""
+    from planner import simulator
+    from planner.bounds import exclusive_bound, free_lower_bound, warmup_bound
+    from planner.solver import api, cpsat, solve
+    from planner.solver.memory_bound import memory_lower_bound
+
+    monkeypatch.setattr(cpsat, "combined_lower_bound", free_lower_bound)
+    monkeypatch.setattr(api, "memory_lower_bound", lambda problem: 0.0)
+    monkeypatch.setattr(api, "lower_bound", free_lower_bound)
+    monkeypatch.setattr(simulator, "lower_bound", free_lower_bound)
+    problem = make_problem(**kw)
+    result = solve(problem, 20.0, engine="cpsat", deterministic=True, workers=1)
+    assert result.status == "optimal"
+    others = max(free_lower_bound(problem), warmup_bound(problem), memory_lower_bound(problem))
+    assert exclusive_bound(problem) > others + 1e-9
+    assert exclusive_bound(problem) <= result.plan.makespan_ms + 1e-9
