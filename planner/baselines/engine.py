@@ -51,14 +51,6 @@ class EngineConfig:
     # (see `_forward_fits`): eager forwards. Otherwise at a quarter of 1F1B's memory a forward waits
     # for its predecessor's copy and the pipeline runs at half speed.
     reserve_after_copies: bool = False
-    # Decide each activation when its forward is about to start (`treat` answering None), the first
-    # that memory admits with room left for one restore: "keep first": keep, else offload (if the D2H
-    # lane is free by the forward's end, so the copy starts at once), else recompute; "offload first":
-    # offload when the lane is free, else keep, else recompute. Static shares
-    # (greedy.fractional_treat) guess from averages and either idle a device waiting for memory or
-    # recompute more than the copy lanes needed (Qwen2.5-3B on 8 GPUs at 70% of 1F1B's memory:
-    # 1274 ms with shares, 1204 keep first; Qwen2.5-7B interleaved at 70%: 2506, 2463 offload first).
-    adaptive: str = ""
 
 
 class _Failed(Exception):
@@ -394,7 +386,11 @@ class _Engine:
                 nxt = min(nxt, r)
                 continue
             i = self.nf[k]
+            if (k, i) not in self.choice:
+                self.choice[(k, i)] = self._decide(k, i)
+            ch = self.choice[(k, i)]
             s = self.p.stages[k]
+            alloc = s.checkpoint_mib if ch.recompute else s.activation_mib
             # The last stage's forward needs no reserve: its own B follows with no restore in between,
             # so its memory always comes back. (Reserving a restore there deadlocked V placements whose
             # device 0 holds the LM head and barely fits one of its activations: Llama-3-8B on 8 GPUs
@@ -402,15 +398,6 @@ class _Engine:
             reserve = 0.0 if k == self.S - 1 else (
                 max(self.pending_restore[d].values(), default=0.0)
                 + (self.later_act[k] if self.cfg.chunk_reserve else 0.0))
-            if (k, i) not in self.choice:
-                ch = self._decide(k, i)
-                if self.cfg.adaptive and not (ch.offload or ch.recompute):
-                    ch = self._adapt(d, t, k, ch, reserve)
-                    if ch is None:
-                        continue
-                self.choice[(k, i)] = ch
-            ch = self.choice[(k, i)]
-            alloc = s.checkpoint_mib if ch.recompute else s.activation_mib
             if not self._forward_fits(d, t, s, ch, alloc, reserve):
                 continue
             self._start_forward(d, k, t, self.last_free[d] if self.mem_on else None)
@@ -429,27 +416,6 @@ class _Engine:
         if self.mem_on:
             nxt = min(nxt, self._next_free_time(d, t))
         return nxt, False
-
-    def _adapt(self, d: int, t: float, k: int, keep: Choice, reserve: float) -> Choice | None:
-        """`adaptive`: the first choice (EngineConfig.adaptive's order) that memory admits now; None
-        when none does (the forward waits, undecided)."""
-        s = self.p.stages[k]
-        opts = self.p.options
-        options = [keep]
-        if k + 1 < self.S:
-            if opts.offload and (s.offloadable_mib or 0.0) > 0 and self.d2h_free[d] <= t + s.forward_ms + TOL:
-                off = Choice(split=self.split, offload=True)
-                options.insert(0 if self.cfg.adaptive == "offload first" else 1, off)
-            if opts.recompute and s.activation_mib - s.checkpoint_mib > 0:
-                options.append(Choice(split=self.split, recompute=True))
-        # every choice leaves room to restore one activation of this stage later (its own or a
-        # later forward's): else the device fills with kept ones and a restore can never start
-        room = 0.0 if k + 1 == self.S else max(s.offloadable_mib or 0.0, s.activation_mib - s.checkpoint_mib)
-        for ch in options:
-            alloc = s.checkpoint_mib if ch.recompute else s.activation_mib
-            if self._forward_fits(d, t, s, ch, alloc, max(reserve, room)):
-                return ch
-        return None
 
     def _decide(self, k: int, i: int) -> Choice:
         how = self.cfg.treat(k, i) if self.cfg.treat else None

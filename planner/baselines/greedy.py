@@ -204,21 +204,7 @@ def reducing_treatments(problem: Problem) -> list[tuple[str, Treat, bool]]:
                                ("offload, crowded recompute, eager", crowd, True),
                                ("offload", offload, False), ("offload, eager", offload, True),
                                ("recompute", reducing_treat(problem, "recompute"), False)]
-    out = [c for c in candidates if c[1] is not None]
-    if problem.options.offload or problem.options.recompute:
-        # decided by the engine as each forward starts (EngineConfig.adaptive); last, so the
-        # inline run's budget still reaches the treatments above first
-        out += [("adaptive", _undecided, False)]
-        if problem.options.offload:
-            out += [("adaptive, offload first", _undecided, True)]
-    return out
-
-
-def _undecided(k: int, i: int) -> None:
-    """No treatment fixed in advance: the adaptive engine decides (ADAPTIVE)."""
-
-
-ADAPTIVE = {"adaptive": "keep first", "adaptive, offload first": "offload first"}  # label -> order
+    return [c for c in candidates if c[1] is not None]
 
 
 def greedy_plan(problem: Problem, problem_key: str | None = None) -> Plan:
@@ -304,8 +290,7 @@ def run_try(problem: Problem, attempt: tuple, slower_than: Outcome | None = None
     checked): ASAP re-timing first, the engine's own timing if that breaks a limit. None when the
     engine blocks, nothing fits, or its own timing is clearly slower than `slower_than`."""
     treat_name, treat, eager, name, cfg = attempt
-    schedule = run_engine(problem, replace(cfg, treat=treat, reload_in_turn=True, reserve_after_copies=eager,
-                                           adaptive=ADAPTIVE.get(treat_name, "")))
+    schedule = run_engine(problem, replace(cfg, treat=treat, reload_in_turn=True, reserve_after_copies=eager))
     if schedule is None:
         return None
     own = schedule.engine_timing  # type: ignore[attr-defined]
