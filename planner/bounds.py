@@ -89,6 +89,11 @@ def _slot_starts(problem: Problem, k: int, cap: float) -> list[float]:
     return starts
 
 
+def _one_stage_limited(problem: Problem) -> list[tuple[int, int]]:
+    """(device, its stage) for every device with a memory limit and one stage."""
+    return [(d, problem.stages_of(d)[0]) for d in problem.limited_devices() if len(problem.stages_of(d)) == 1]
+
+
 def warmup_bound(problem: Problem) -> float:
     """Per device with one stage k and a memory limit: until the first backward can start (t_b),
     the device runs only forwards (and recomputes), and every forward that is not recomputed holds
@@ -101,12 +106,8 @@ def warmup_bound(problem: Problem) -> float:
     five forwards, so at most seven forwards fill the 155 ms before the first backward."""
     best = 0.0
     opts = problem.options
-    for d in range(problem.num_devices):
-        stages = problem.stages_of(d)
+    for d, k in _one_stage_limited(problem):
         limit = problem.limit_of(d)
-        if len(stages) != 1 or math.isinf(limit):
-            continue
-        k = stages[0]
         s = problem.stages[k]
         if s.forward_ms <= 0:
             continue
@@ -168,12 +169,8 @@ def exclusive_bound(problem: Problem) -> float:
     best = 0.0
     opts = problem.options
     m = float(problem.num_microbatches)
-    for d in range(problem.num_devices):
-        stages = problem.stages_of(d)
+    for d, k in _one_stage_limited(problem):
         limit = problem.limit_of(d)
-        if len(stages) != 1 or math.isinf(limit):
-            continue
-        k = stages[0]
         if k + 1 == problem.num_stages:
             continue  # the last stage's backward follows its forward: no round trip to fill
         s = problem.stages[k]

@@ -225,6 +225,10 @@ class Problem(BaseModel):
         limit = self.devices[device].memory_limit_mib
         return math.inf if limit is None else limit
 
+    def limited_devices(self) -> list[int]:
+        """The devices with a memory limit (the memory-aware bounds and fit checks look only there)."""
+        return [d for d in range(self.num_devices) if math.isfinite(self.limit_of(d))]
+
     def host_limit_of(self, device: int) -> float:
         """Pinned host memory `device`'s offloads may hold at once (inf = unlimited)."""
         limit = self.devices[device].host_memory_limit_mib

@@ -7,7 +7,6 @@ core's job, so a baseline cannot emit a plan the validator would reject.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -178,7 +177,7 @@ def evaluate(problem: Problem, schedule: Schedule, method: str, timing: Timing |
         timing, peaks = memo[1], memo[2]
     else:
         # without a memory limit nothing can fail to fit: the peaks are left to the plan that is kept
-        limited = any(math.isfinite(problem.limit_of(d)) for d in range(problem.num_devices))
+        limited = bool(problem.limited_devices())
         peaks = untimed_peaks(problem, schedule) if limited else None
         if peaks is not None and over_limit(problem, peaks):
             raise does_not_fit(problem, method, peaks)

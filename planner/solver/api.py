@@ -14,8 +14,8 @@ from ..bounds import check_memory_feasible, lower_bound
 from ..contract import Plan, Problem
 from ..simulator import build_plan, schedule_from_plan, simulate
 from ..validator import validate_plan
-from .incumbent import EPS_MS, Incumbent
 from .exclusion_bound import exclusion_lower_bound
+from .incumbent import EPS_MS, Incumbent
 from .memory_bound import memory_lower_bound as _count_and_occupancy_bound
 from .scaling import scale_for
 

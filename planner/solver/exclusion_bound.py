@@ -163,9 +163,4 @@ def _device_bound(problem: Problem, d: int) -> float:
 
 def exclusion_lower_bound(problem: Problem) -> float:
     """Max over devices with a memory limit of the bound above (0.0 when none applies)."""
-    best = 0.0
-    for d in range(problem.num_devices):
-        if problem.limit_of(d) == float("inf"):
-            continue
-        best = max(best, _device_bound(problem, d))
-    return best
+    return max((_device_bound(problem, d) for d in problem.limited_devices()), default=0.0)
