@@ -4,15 +4,23 @@ best_heuristic always answers for a feasible budget and refuses an infeasible on
 from __future__ import annotations
 
 import pytest
+from core_schedules import make_problem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
 from planner.baselines.classic import gpipe_orders, one_f_one_b_orders
-from planner.baselines.common import peaks_of, schedule_of, untimed_peaks
-from planner.baselines.zero_bubble import zb_h1_orders, zb_h2_orders
+from planner.baselines.common import over_limit, peaks_of, schedule_of, untimed_peaks
+from planner.baselines.zero_bubble import (
+    _lagged_order,
+    zb_h1_orders,
+    zb_h2_orders,
+    zb_memory_fit_schedule,
+)
 from planner.bounds import MemoryInfeasibleError, min_memory
 from planner.contract import Problem
+from planner.memory import order_peak
+from planner.ops import Kind
 from planner.simulator import simulate
 from planner.validator import validate_plan
 
@@ -104,3 +112,43 @@ def test_compute_only_orders_fix_the_peaks_without_times(problem: Problem):
         untimed = untimed_peaks(problem, schedule)
         timed = peaks_of(problem, schedule, simulate(problem, schedule))
         assert untimed == pytest.approx(timed, rel=1e-9, abs=1e-9), build.__name__
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_memory_fit_pattern_fits_wherever_one_f_one_b_does(problem: Problem):
+    """ZB-H1 with memory-fitted W lags: applicable (under a memory limit) exactly where 1F1B's order
+    fits every device (its lag-0 order is 1F1B's), then within every limit, each stage k's W lag at
+    most ZB-H1's k and as long as its device's memory allows (one microbatch more would not fit)."""
+    if problem.chunks != 1 or not problem.options.split_backward or not problem.limited_devices():
+        return
+    s, m = problem.num_stages, problem.num_microbatches
+
+    def peak(k: int, lag: int) -> float:
+        return order_peak(problem, problem.stages[k].device, _lagged_order(m, k, s - k, lag))
+
+    fits = all(peak(k, 0) <= problem.limit_of(problem.stages[k].device) + 1e-6 for k in range(s))
+    try:
+        schedule = zb_memory_fit_schedule(problem)
+    except NotApplicable:
+        assert not fits
+        return
+    assert fits
+    assert not over_limit(problem, untimed_peaks(problem, schedule))
+    for k in range(s):
+        order = schedule.devices[problem.stages[k].device].compute
+        first_w = next(i for i, op in enumerate(order) if op.kind == Kind.W)
+        lag = sum(op.kind == Kind.B for op in order[:first_w]) - 1  # B(lag) comes just before W(0)
+        assert 0 <= lag <= k
+        if lag < min(k, m - 1):
+            assert peak(k, lag + 1) > problem.limit_of(problem.stages[k].device)
+
+
+def test_memory_fit_pattern_is_zb_h1_where_the_activation_waits_for_w():
+    """Identical stages whose whole activation is held until W, at 1F1B's peak: ZB-H1 itself."""
+    problem = make_problem(6, 16, weight_grad_mib=100.0, activation_mib=100.0, forward_ms=1.0,
+                           backward_input_ms=1.2, backward_weight_ms=0.8)
+    budget = max(run_baseline(problem, "1f1b").peak_memory_mib)
+    devices = [d.model_copy(update={"memory_limit_mib": budget}) for d in problem.devices]
+    at_1f1b = problem.model_copy(update={"devices": devices})
+    assert [d.compute for d in zb_memory_fit_schedule(at_1f1b).devices] == zb_h1_orders(at_1f1b)

@@ -18,7 +18,7 @@ from ..simulator import ScheduleError
 from .classic import serialized_schedule
 from .common import TIE_TOLERANCE, DoesNotFit, NotApplicable, Outcome, better, evaluate
 from .engine import EngineConfig, Treat, run_engine
-from .zero_bubble import zb_fill_1p_schedule, zb_fill_2p_schedule, zb_v_schedule
+from .zero_bubble import zb_fill_1p_schedule, zb_fill_2p_schedule, zb_memory_fit_schedule, zb_v_schedule
 
 
 def min_lifetime(problem: Problem, k: int) -> float:
@@ -216,7 +216,8 @@ OPS_BUDGET = 40_000  # engine runs x ops: bounds greedy to a few engine runs at 
 
 PATTERNS = (("greedy(zb-fill 1p pattern)", zb_fill_1p_schedule),
             ("greedy(zb-fill 2p pattern)", zb_fill_2p_schedule),
-            ("greedy(zb-v pattern)", zb_v_schedule))
+            ("greedy(zb-v pattern)", zb_v_schedule),
+            ("greedy(zb memory-fit pattern)", zb_memory_fit_schedule))
 
 
 def inline_runs(problem: Problem) -> int:

@@ -25,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from ..contract import Problem
+from ..memory import order_peak
 from ..ops import Kind, Op
 from ..simulator import Schedule
 from .common import NotApplicable, is_v_placement, require_one_chunk, require_split, schedule_of
@@ -102,20 +103,61 @@ def zb_h2_orders(problem: Problem) -> Orders:
 def _lagged_orders(problem: Problem, ahead: list[int], lag: list[int]) -> Orders:
     """Stage k: `ahead[k]` forwards, then per microbatch i: B(i), W(i - lag[k]), the next F; then the
     W's still owed. 1F1B's structure with the W's of each stage a fixed number of microbatches late."""
-    m = problem.num_microbatches
     orders: Orders = [[] for _ in range(problem.num_devices)]
     for k in range(problem.num_stages):
-        warm = min(m, ahead[k])
-        order = [Op(Kind.F, k, i) for i in range(warm)]
-        for i in range(m):
-            order.append(Op(Kind.B, k, i))
-            if i >= lag[k]:
-                order.append(Op(Kind.W, k, i - lag[k]))
-            if warm + i < m:
-                order.append(Op(Kind.F, k, warm + i))
-        order += [Op(Kind.W, k, j) for j in range(max(0, m - lag[k]), m)]
-        orders[problem.stages[k].device] = order
+        orders[problem.stages[k].device] = _lagged_order(problem.num_microbatches, k, ahead[k], lag[k])
     return orders
+
+
+def _lagged_order(m: int, k: int, ahead: int, lag: int) -> list[Op]:
+    """One stage's order of `_lagged_orders`."""
+    warm = min(m, ahead)
+    order = [Op(Kind.F, k, i) for i in range(warm)]
+    for i in range(m):
+        order.append(Op(Kind.B, k, i))
+        if i >= lag:
+            order.append(Op(Kind.W, k, i - lag))
+        if warm + i < m:
+            order.append(Op(Kind.F, k, warm + i))
+    order += [Op(Kind.W, k, j) for j in range(max(0, m - lag), m)]
+    return order
+
+
+@cached
+def zb_memory_fit_schedule(problem: Problem) -> Schedule:
+    """Not a published schedule: ZB-H1 fitted to each device's memory. Stage k runs 1F1B's S-k
+    warm-up forwards and delays its W's by ZB-H1's k microbatches, or by as many as its device's
+    memory holds if fewer. Not applicable where a device cannot hold 1F1B's warm-up (there offload
+    and recompute decide), nor without memory limits (it is ZB-H1 there).
+
+    A device's compute order fixes its peak (`memory.order_peak`) and the peak grows with the lag, so
+    the lag is found by bisection on the order alone, before anything is timed. Real models at 1F1B's
+    memory need this: ZB-H1 holds S microbatches on every device, which the devices with heavy stages
+    (3 layers beside 2) cannot hold, while the list scheduler fills memory with warm-up forwards and
+    starves the cool-down. Llama-3-70B on 32 GPUs at 1F1B's peak: 23,675 ms here, 24,964 the best
+    engine variant, 23,471 the unlimited bound. Longer lags (up to ZB-H2's 2k, where memory allows)
+    gave 24,022: the light stages' extra W's then run past the end of the backward chain."""
+    require_split(problem, "zb-fill")
+    require_one_chunk(problem, "zb-fill")
+    if not problem.limited_devices():
+        raise NotApplicable("zb memory-fit: without memory limits it is ZB-H1")
+    s, m = problem.num_stages, problem.num_microbatches
+    lag: list[int] = []
+    for k in range(s):
+        device = problem.stages[k].device
+        limit = problem.limit_of(device) + 1e-6
+
+        def fits(n: int) -> bool:
+            return order_peak(problem, device, _lagged_order(m, k, s - k, n)) <= limit
+
+        if not fits(0):
+            raise NotApplicable(f"zb memory-fit: device {device} cannot hold 1F1B's warm-up")
+        low, high = 0, k  # bisection: the longest lag up to ZB-H1's that fits
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if fits(mid) else (low, mid - 1)
+        lag.append(low)
+    return schedule_of(problem, _lagged_orders(problem, [s - k for k in range(s)], lag))
 
 
 @cached
