@@ -150,9 +150,12 @@ def zb_memory_fit_schedule(problem: Problem) -> Schedule:
         def fits(n: int) -> bool:
             return order_peak(problem, device, _lagged_order(m, k, s - k, n)) <= limit
 
+        if fits(k):
+            lag.append(k)  # ZB-H1's own lag: one check (most devices, at P=64, M=512 too)
+            continue
         if not fits(0):
             raise NotApplicable(f"zb memory-fit: device {device} cannot hold 1F1B's warm-up")
-        low, high = 0, k  # bisection: the longest lag up to ZB-H1's that fits
+        low, high = 0, k - 1  # bisection: the longest lag that fits
         while low < high:
             mid = (low + high + 1) // 2
             low, high = (mid, high) if fits(mid) else (low, mid - 1)
