@@ -14,7 +14,8 @@ the simulator times them with the real costs:
 
 The time-filled variants (`zb_fill_*`) are NOT published schedules: the
 list-scheduling engine fills gaps with W's by time on the unit-cost twin. The greedy and the offload
-baselines start from them; they are not peers and carry no peer's name.
+baselines start from them; they are not peers and carry no peer's name. Nor is ZB-H1 fitted to
+memory (`zb_memory_fit_schedule`), a greedy candidate: ZB-H1's order with shorter W lags.
 """
 
 from __future__ import annotations
@@ -141,26 +142,28 @@ def zb_memory_fit_schedule(problem: Problem) -> Schedule:
     require_one_chunk(problem, "zb-fill")
     if not problem.limited_devices():
         raise NotApplicable("zb memory-fit: without memory limits it is ZB-H1")
-    s, m = problem.num_stages, problem.num_microbatches
+    s = problem.num_stages
     lag: list[int] = []
     for k in range(s):
-        device = problem.stages[k].device
-        limit = problem.limit_of(device) + 1e-6
-
-        def fits(n: int) -> bool:
-            return order_peak(problem, device, _lagged_order(m, k, s - k, n)) <= limit
-
-        if fits(k):
+        if _lag_fits(problem, k, k):
             lag.append(k)  # ZB-H1's own lag: one check (most devices, at P=64, M=512 too)
             continue
-        if not fits(0):
+        if not _lag_fits(problem, k, 0):
+            device = problem.stages[k].device
             raise NotApplicable(f"zb memory-fit: device {device} cannot hold 1F1B's warm-up")
         low, high = 0, k - 1  # bisection: the longest lag that fits
         while low < high:
             mid = (low + high + 1) // 2
-            low, high = (mid, high) if fits(mid) else (low, mid - 1)
+            low, high = (mid, high) if _lag_fits(problem, k, mid) else (low, mid - 1)
         lag.append(low)
     return schedule_of(problem, _lagged_orders(problem, [s - k for k in range(s)], lag))
+
+
+def _lag_fits(problem: Problem, k: int, lag: int) -> bool:
+    """Does stage k's 1F1B warm-up with W's `lag` microbatches late fit its device's limit?"""
+    device = problem.stages[k].device
+    order = _lagged_order(problem.num_microbatches, k, problem.num_stages - k, lag)
+    return order_peak(problem, device, order) <= problem.limit_of(device) + 1e-6
 
 
 @cached
