@@ -20,7 +20,7 @@ from planner.baselines.zero_bubble import (
 from planner.bounds import MemoryInfeasibleError, min_memory
 from planner.contract import Problem
 from planner.memory import order_peak
-from planner.ops import Kind
+from planner.ops import Kind, Op
 from planner.simulator import simulate
 from planner.validator import validate_plan
 
@@ -114,6 +114,12 @@ def test_compute_only_orders_fix_the_peaks_without_times(problem: Problem):
         assert untimed == pytest.approx(timed, rel=1e-9, abs=1e-9), build.__name__
 
 
+def w_lag(order: list[Op]) -> int:
+    """A lagged order's W lag: B(lag) comes just before W(0)."""
+    first_w = next(i for i, op in enumerate(order) if op.kind == Kind.W)
+    return sum(op.kind == Kind.B for op in order[:first_w]) - 1
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_memory_fit_pattern_fits_wherever_one_f_one_b_does(problem: Problem):
@@ -136,9 +142,7 @@ def test_memory_fit_pattern_fits_wherever_one_f_one_b_does(problem: Problem):
     assert fits
     assert not over_limit(problem, untimed_peaks(problem, schedule))
     for k in range(s):
-        order = schedule.devices[problem.stages[k].device].compute
-        first_w = next(i for i, op in enumerate(order) if op.kind == Kind.W)
-        lag = sum(op.kind == Kind.B for op in order[:first_w]) - 1  # B(lag) comes just before W(0)
+        lag = w_lag(schedule.devices[problem.stages[k].device].compute)
         assert 0 <= lag <= k
         if lag < min(k, m - 1):
             assert peak(k, lag + 1) > problem.limit_of(problem.stages[k].device)
@@ -152,3 +156,15 @@ def test_memory_fit_pattern_is_zb_h1_where_the_activation_waits_for_w():
     devices = [d.model_copy(update={"memory_limit_mib": budget}) for d in problem.devices]
     at_1f1b = problem.model_copy(update={"devices": devices})
     assert [d.compute for d in zb_memory_fit_schedule(at_1f1b).devices] == zb_h1_orders(at_1f1b)
+
+
+def test_memory_fit_pattern_cuts_the_lag_to_what_the_device_holds():
+    """Whole activations held until W: stage k holds S-k + lag of them. The last device's limit holds
+    3 of 4 (lag 2, one short of ZB-H1's 3); every other device holds ZB-H1's 4 (lag k)."""
+    problem = make_problem(4, 16, weight_grad_mib=100.0, activation_mib=100.0)
+    limits = [400.0, 400.0, 400.0, 300.0]
+    devices = [d.model_copy(update={"memory_limit_mib": x}) for d, x in zip(problem.devices, limits)]
+    limited = problem.model_copy(update={"devices": devices})
+    schedule = zb_memory_fit_schedule(limited)
+    assert [w_lag(device.compute) for device in schedule.devices] == [0, 1, 2, 2]
+    assert not over_limit(limited, untimed_peaks(limited, schedule))
