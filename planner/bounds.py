@@ -12,7 +12,7 @@ from .contract import Problem
 from .ops import residue_mib
 
 
-def _backward_ms(problem: Problem, k: int) -> float:
+def backward_ms(problem: Problem, k: int) -> float:
     """Shortest backward-input op of stage k (B when splitting is allowed, else BW)."""
     s = problem.stages[k]
     return s.backward_input_ms + (0.0 if problem.options.split_backward else s.backward_weight_ms)
@@ -25,15 +25,21 @@ def forward_head(problem: Problem, k: int) -> float:
 
 def backward_tail(problem: Problem, k: int) -> float:
     """Least time from the end of stage k's backward to the end of stage 0's (links included)."""
-    return sum(problem.link_ms(j + 1, j) + _backward_ms(problem, j) for j in range(k))
+    return sum(problem.link_ms(j + 1, j) + backward_ms(problem, j) for j in range(k))
 
 
 def first_backward_start(problem: Problem, k: int) -> float:
     """Earliest start of any backward of stage k: full forward chain, then backwards S-1..k+1."""
     last = problem.num_stages - 1
     # backwards of stages last..k+1, each followed by its link down to the stage below
-    down = sum(_backward_ms(problem, j) + problem.link_ms(j, j - 1) for j in range(k + 1, last + 1))
+    down = sum(backward_ms(problem, j) + problem.link_ms(j, j - 1) for j in range(k + 1, last + 1))
     return forward_head(problem, last) + problem.stages[last].forward_ms + down
+
+
+def round_trip(problem: Problem, k: int) -> float:
+    """Least time from F(k, i)'s end to its backward's start: the later stages both ways, links
+    included (0 for the last stage)."""
+    return max(0.0, first_backward_start(problem, k) - forward_head(problem, k) - problem.stages[k].forward_ms)
 
 
 def lower_bound(problem: Problem) -> float:
@@ -50,7 +56,7 @@ def free_lower_bound(problem: Problem) -> float:
     m = problem.num_microbatches
     split = problem.options.split_backward
     w0 = problem.stages[0].backward_weight_ms if split else 0.0
-    critical = first_backward_start(problem, 0) + _backward_ms(problem, 0) + w0
+    critical = first_backward_start(problem, 0) + backward_ms(problem, 0) + w0
     best = critical
     for d in range(problem.num_devices):
         stages = problem.stages_of(d)
@@ -109,8 +115,6 @@ def warmup_bound(problem: Problem) -> float:
     for d, k in _one_stage_limited(problem):
         limit = problem.limit_of(d)
         s = problem.stages[k]
-        if s.forward_ms <= 0:
-            continue
         head = forward_head(problem, k)
         t_b = first_backward_start(problem, k)
         cap = limit - problem.devices[d].static_mib
@@ -181,11 +185,11 @@ def exclusive_bound(problem: Problem) -> float:
         split = opts.split_backward
         grad = s.weight_grad_mib if split else 0.0
         w_alone = split and 2 * grad > cap + 1e-9 and act + grad > cap + 1e-9
-        b = s.backward_input_ms if split else s.backward_input_ms + s.backward_weight_ms
+        b = backward_ms(problem, k)
         w = s.backward_weight_ms if split else 0.0
         tail = w if w_alone else 0.0
         outside_w = 0.0 if w_alone else m * w  # W's that may run anywhere
-        trip = max(0.0, first_backward_start(problem, k) - forward_head(problem, k) - s.forward_ms)
+        trip = round_trip(problem, k)
         rec_ms = s.recompute_ms if s.recompute_ms is not None else s.forward_ms
         off_ms = s.offload_ms or 0.0
         rel_ms = s.reload_ms if s.reload_ms is not None else off_ms

@@ -36,7 +36,7 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
-from ..bounds import backward_tail, first_backward_start, forward_head
+from ..bounds import backward_ms, backward_tail, first_backward_start, forward_head, round_trip
 from ..contract import Problem
 
 MAX_CLASSES = 10  # window classes per device enumerated as subsets (2 per stage)
@@ -96,12 +96,11 @@ def _stage_parts(problem: Problem, k: int) -> tuple[list[_Class], list[_OpKind]]
     opts = problem.options
     split = opts.split_backward
     f = s.forward_ms
-    b = s.backward_input_ms if split else s.backward_input_ms + s.backward_weight_ms
+    b = backward_ms(problem, k)
     w = s.backward_weight_ms if split else 0.0
     w0 = problem.stages[0].backward_weight_ms if split else 0.0
     head, fbs = forward_head(problem, k), first_backward_start(problem, k)
-    trip = max(0.0, fbs - head - f)
-    x = f + trip
+    x = f + round_trip(problem, k)
     if opts.recompute:
         x = min(x, s.recompute_ms if s.recompute_ms is not None else f)
     if opts.offload and (s.offloadable_mib if s.offloadable_mib is not None else s.activation_mib) > 0:

@@ -23,7 +23,7 @@ and its W. With an activation held until W (DESIGN.md section 4) this is what st
 
 from __future__ import annotations
 
-from ..bounds import backward_tail, first_backward_start, forward_head
+from ..bounds import backward_tail, first_backward_start, forward_head, round_trip
 from ..contract import Problem
 from .occupancy_bound import occupancy_lower_bound
 
@@ -88,8 +88,8 @@ def _count_bound(problem: Problem) -> float:
 def _drain_idle(problem: Problem, stages: list[int], cap: float) -> float:
     """Idle forced on a one-stage device between its last forward and that microbatch's backward.
 
-    From the last forward's start x to its backward's start (at least the round trip through the
-    later stages, `first_backward_start - forward_head`), every other forward is done, so the device
+    From the last forward's start x to its backward's start (at least F + `bounds.round_trip`, the
+    later stages both ways), every other forward is done, so the device
     can only work on microbatches still pending at x, and each of them still holds memory there: its
     activation (its checkpoint if it may recompute, its resident part if it may offload) until its
     B, then its weight gradient until its W. Memory minus the last forward's own allocation caps
@@ -113,8 +113,7 @@ def _drain_idle(problem: Problem, stages: list[int], cap: float) -> float:
     if opts.split_backward:
         items.append((s.backward_weight_ms, s.weight_grad_mib, m - 1.0))
     pending = min(_knapsack(cap - own, items), (m - 1) * per_mb)
-    round_trip = first_backward_start(problem, k) - forward_head(problem, k)
-    return max(0.0, round_trip - s.forward_ms - pending)
+    return max(0.0, round_trip(problem, k) - pending)
 
 
 def _tail_bound(problem: Problem, stages: list[int], cap: float, work: float, t_free: float,

@@ -2,7 +2,7 @@
 
 Every (stage, microbatch) on a device occupies memory for at least a known time: its activation
 from the forward's start until its backward ends — at least F + L + B, where L is the round trip
-through the later stages (`first_backward_start - forward_head - F`) — then its weight-gradient part
+through the later stages (`bounds.round_trip`) — then its weight-gradient part
 until W ends. Offloading shrinks the held part to the copies around the forward and the backward
 (F + offload and reload + B, never less than the round trip allows); recomputing holds only the
 checkpoint until the recompute, then everything from the recompute through B. Over a makespan T the
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ortools.linear_solver import pywraplp
 
-from ..bounds import first_backward_start, forward_head
+from ..bounds import backward_ms, forward_head, round_trip
 from ..contract import Problem
 
 
@@ -45,11 +45,11 @@ def _footprints(problem: Problem, k: int) -> _Footprints:
     opts = problem.options
     split = opts.split_backward
     f = s.forward_ms
-    b = s.backward_input_ms if split else s.backward_input_ms + s.backward_weight_ms
+    b = backward_ms(problem, k)
     w = s.backward_weight_ms if split else 0.0
     wg = min(s.weight_grad_mib, s.activation_mib) if split else 0.0
     act = s.activation_mib
-    trip = max(0.0, first_backward_start(problem, k) - forward_head(problem, k) - f)
+    trip = round_trip(problem, k)
     keep = act * (f + trip + b) + wg * w
     offload = None
     off_ms = s.offload_ms or 0.0
