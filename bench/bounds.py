@@ -28,6 +28,7 @@ from planner import simulator
 from planner.bounds import free_lower_bound, lower_bound, min_memory
 from planner.contract import Problem
 from planner.solver import api, cpsat, solve
+from planner.solver.memory_bound import memory_lower_bound
 
 
 @contextmanager
@@ -64,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     proven = violations = stronger = warmup_wins = 0
     for n in range(1, args.problems + 1):
         problem = random_problem(rng)
-        # every bound the solver reports: memory_bound's and exclusion_bound's (api) and lower_bound's
-        bound = max(api.memory_lower_bound(problem), lower_bound(problem))
+        bound = max(memory_lower_bound(problem), lower_bound(problem))  # every bound the solver reports
         with blind_to_memory_bound():
             result = solve(problem, args.seconds, engine="cpsat", workers=1)
         if result.status == "optimal":
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"VIOLATION: bound {bound} > optimum {result.plan.makespan_ms}: "
                       f"{problem.model_dump_json()}", flush=True)
         stronger += bound > free_lower_bound(problem) + 1e-9
-        warmup_wins += lower_bound(problem) > max(free_lower_bound(problem), api.memory_lower_bound(problem)) + 1e-9
+        warmup_wins += lower_bound(problem) > max(free_lower_bound(problem), memory_lower_bound(problem)) + 1e-9
         if n % 25 == 0:
             print(f"[{n}/{args.problems}] {proven} proven optima, {violations} violations", file=sys.stderr,
                   flush=True)

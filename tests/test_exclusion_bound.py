@@ -16,7 +16,8 @@ from planner.bounds import free_lower_bound, lower_bound, min_memory
 from planner.contract import Problem
 from planner.solver import api, cpsat, solve
 from planner.solver.exclusion_bound import _Job, exclusion_lower_bound, jackson_preemptive
-from planner.solver.memory_bound import memory_lower_bound
+from planner.solver.memory_bound import count_lower_bound, memory_lower_bound
+from planner.solver.occupancy_bound import occupancy_lower_bound
 
 
 def blind_optimum(problem: Problem, monkeypatch, seconds: float = 10.0):
@@ -27,6 +28,11 @@ def blind_optimum(problem: Problem, monkeypatch, seconds: float = 10.0):
     monkeypatch.setattr(api, "lower_bound", free_lower_bound)
     monkeypatch.setattr(simulator, "lower_bound", free_lower_bound)
     return solve(problem, seconds, engine="cpsat", deterministic=True, workers=1)
+
+
+def other_bounds(problem: Problem) -> float:
+    """Every bound but this one: planner.bounds' and memory_bound's other two arguments."""
+    return max(lower_bound(problem), count_lower_bound(problem), occupancy_lower_bound(problem))
 
 
 def heavy_head(m: int, p: int = 3) -> Problem:
@@ -54,7 +60,8 @@ def test_heavy_head_hand_value():
     B then needs the backward chain (4.5) and W(0) (0.5): 4.5 + 6 + 4 + 5 = 19.5."""
     problem = heavy_head(2)
     assert exclusion_lower_bound(problem) == pytest.approx(19.5)
-    assert max(lower_bound(problem), memory_lower_bound(problem)) == pytest.approx(17.5)
+    assert other_bounds(problem) == pytest.approx(17.5)
+    assert memory_lower_bound(problem) == pytest.approx(19.5)  # memory_bound includes it
     # room for two head windows: nothing to say beyond the critical path
     doc = problem.model_dump()
     doc["devices"][0]["memory_limit_mib"] = 700.0
@@ -71,7 +78,7 @@ def test_heavy_head_is_strictly_stronger_and_below_the_optimum(m, optimum, monke
     assert result.status == "optimal"
     assert result.plan.makespan_ms == pytest.approx(optimum)
     bound = exclusion_lower_bound(problem)
-    assert bound > max(lower_bound(problem), memory_lower_bound(problem)) + 1e-9
+    assert bound > other_bounds(problem) + 1e-9
     assert bound <= result.plan.makespan_ms + 1e-9
 
 

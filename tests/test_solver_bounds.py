@@ -91,7 +91,8 @@ def test_occupancy_bound_binds_near_the_least_memory_and_holds(blind_solve):
     runs out (occupancy_bound.py). The bound must rise above the memory-free and forward-count
     arguments and stay under the optimum CP-SAT proves without it (36 against 37). (The one-activation
     argument of bounds.exclusive_bound reaches 36 here too, by another route.)"""
-    from planner.solver.memory_bound import _count_bound
+    from planner.solver.exclusion_bound import exclusion_lower_bound
+    from planner.solver.memory_bound import count_lower_bound
     from planner.solver.occupancy_bound import occupancy_lower_bound
 
     doc = problem_doc(p=3, m=6, b=1.0, w=1.0, weight_grad_mib=0.0)
@@ -100,8 +101,9 @@ def test_occupancy_bound_binds_near_the_least_memory_and_holds(blind_solve):
         dev["memory_limit_mib"] = need
     problem = Problem.model_validate(doc)
     occupancy = occupancy_lower_bound(problem)
-    assert occupancy > max(free_lower_bound(problem), _count_bound(problem)) + 1.0
-    assert memory_lower_bound(problem) == occupancy
+    assert occupancy > max(free_lower_bound(problem), count_lower_bound(problem)) + 1.0
+    # memory_lower_bound takes it (and the pairwise exclusion bound, which proves the optimum here)
+    assert memory_lower_bound(problem) == max(occupancy, exclusion_lower_bound(problem))
     result = blind_solve(problem, 10.0, engine="cpsat", deterministic=True)
     assert result.status == "optimal"
-    assert max(occupancy, lower_bound(problem)) <= result.plan.makespan_ms + 1e-9
+    assert max(memory_lower_bound(problem), lower_bound(problem)) <= result.plan.makespan_ms + 1e-9

@@ -14,9 +14,8 @@ from ..bounds import check_memory_feasible, lower_bound
 from ..contract import Plan, Problem
 from ..simulator import build_plan, schedule_from_plan, simulate
 from ..validator import validate_plan
-from .exclusion_bound import exclusion_lower_bound
 from .incumbent import EPS_MS, Incumbent
-from .memory_bound import memory_lower_bound as _count_and_occupancy_bound
+from .memory_bound import memory_lower_bound
 from .scaling import scale_for
 
 log = logging.getLogger(__name__)
@@ -57,13 +56,6 @@ class SolveResult:
     @property
     def gap(self) -> float:
         return self.plan.gap
-
-
-def memory_lower_bound(problem: Problem) -> float:
-    """The memory-aware bounds solve() adds to planner.bounds': memory_bound.py's and the pairwise
-    exclusion one (exclusion_bound.py). One name, so an oracle that blinds it (tests, bench/bounds.py)
-    blinds both."""
-    return max(_count_and_occupancy_bound(problem), exclusion_lower_bound(problem))
 
 
 def default_workers() -> int:

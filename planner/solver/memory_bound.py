@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from ..bounds import backward_tail, first_backward_start, forward_head, round_trip
 from ..contract import Problem
+from .exclusion_bound import exclusion_lower_bound
 from .occupancy_bound import occupancy_lower_bound
 
 
@@ -40,7 +41,7 @@ def _knapsack(capacity: float, items: list[tuple[float, float, float]]) -> float
     return value
 
 
-def _count_bound(problem: Problem) -> float:
+def count_lower_bound(problem: Problem) -> float:
     """The forward-count arguments (head, drain, tail) of the module docstring."""
     m = problem.num_microbatches
     opts = problem.options
@@ -133,9 +134,10 @@ def _tail_bound(problem: Problem, stages: list[int], cap: float, work: float, t_
 
 
 def memory_lower_bound(problem: Problem) -> float:
-    """A proven lower bound (ms), 0.0 when no argument applies: the forward-count arguments above
-    and the memory-occupancy one (occupancy_bound.py), whichever is stronger."""
-    return max(_count_bound(problem), occupancy_lower_bound(problem))
+    """A proven lower bound (ms), 0.0 when no argument applies: the forward-count arguments above,
+    the memory-occupancy one (occupancy_bound.py) and the pairwise exclusion one (exclusion_bound.py),
+    whichever is strongest. The one place the solvers, the frontier and the benches take it from."""
+    return max(count_lower_bound(problem), occupancy_lower_bound(problem), exclusion_lower_bound(problem))
 
 
 def combined_lower_bound(problem: Problem) -> float:
