@@ -16,32 +16,18 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from core_schedules import problem_doc  # the tests' problem builder
+from oracles import blind_to_memory_bounds  # the tests' blind CP-SAT
 
-from planner import simulator
 from planner.bounds import free_lower_bound, lower_bound, min_memory
 from planner.contract import Problem
-from planner.solver import api, cpsat, solve
+from planner.solver import solve
 from planner.solver.memory_bound import memory_lower_bound
-
-
-@contextmanager
-def blind_to_memory_bound():
-    """The solver with only planner.bounds' memory-free bound (tests/test_solver_bounds.py does the
-    same for memory_lower_bound)."""
-    saved = cpsat.combined_lower_bound, api.memory_lower_bound, api.lower_bound, simulator.lower_bound
-    cpsat.combined_lower_bound, api.memory_lower_bound = free_lower_bound, lambda problem: 0.0
-    api.lower_bound = simulator.lower_bound = free_lower_bound
-    try:
-        yield
-    finally:
-        cpsat.combined_lower_bound, api.memory_lower_bound, api.lower_bound, simulator.lower_bound = saved
 
 
 def random_problem(rng: random.Random) -> Problem:
@@ -66,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in range(1, args.problems + 1):
         problem = random_problem(rng)
         bound = max(memory_lower_bound(problem), lower_bound(problem))  # every bound the solver reports
-        with blind_to_memory_bound():
+        with blind_to_memory_bounds():
             result = solve(problem, args.seconds, engine="cpsat", workers=1)
         if result.status == "optimal":
             proven += 1

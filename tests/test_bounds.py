@@ -6,6 +6,7 @@ import pytest
 from core_schedules import gpipe, make_problem, one_f_one_b, plan_of, serialized
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oracles import blind_optimum
 
 from planner.bounds import MemoryInfeasibleError, check_memory_feasible, lower_bound, min_memory
 from planner.contract import Problem
@@ -197,19 +198,13 @@ WARMUP_CASES = [
 
 
 @pytest.mark.parametrize("kw", WARMUP_CASES)
-def test_warmup_bound_is_below_the_proven_optimum(kw, monkeypatch):
+def test_warmup_bound_is_below_the_proven_optimum(kw):
     """CP-SAT blind to every memory-aware bound (it knows only free_lower_bound) proves an optimum;
     warmup_bound is never above it, and is above the memory-free bound on these cases."""
-    from planner import simulator
     from planner.bounds import free_lower_bound, warmup_bound
-    from planner.solver import api, cpsat, solve
 
-    monkeypatch.setattr(cpsat, "combined_lower_bound", free_lower_bound)
-    monkeypatch.setattr(api, "memory_lower_bound", lambda problem: 0.0)
-    monkeypatch.setattr(api, "lower_bound", free_lower_bound)
-    monkeypatch.setattr(simulator, "lower_bound", free_lower_bound)
     problem = make_problem(**kw)
-    result = solve(problem, 10.0, engine="cpsat", deterministic=True, workers=1)
+    result = blind_optimum(problem, 10.0)
     assert result.status == "optimal"
     assert warmup_bound(problem) > free_lower_bound(problem) + 1e-9
     assert warmup_bound(problem) <= result.plan.makespan_ms + 1e-9
@@ -242,22 +237,16 @@ EXCLUSIVE_CASES = [
 
 
 @pytest.mark.parametrize("kw", EXCLUSIVE_CASES)
-def test_exclusive_bound_is_below_the_proven_optimum(kw, monkeypatch):
+def test_exclusive_bound_is_below_the_proven_optimum(kw):
     """As for warmup_bound: CP-SAT blind to the memory-aware bounds proves an optimum, and
     exclusive_bound, above the forward-count and occupancy bounds on these cases (the solver's
     pairwise exclusion bound, a different argument, is higher on two of them), is never above it."""
-    from planner import simulator
     from planner.bounds import exclusive_bound, free_lower_bound, warmup_bound
-    from planner.solver import api, cpsat, solve
     from planner.solver.memory_bound import count_lower_bound
     from planner.solver.occupancy_bound import occupancy_lower_bound
 
-    monkeypatch.setattr(cpsat, "combined_lower_bound", free_lower_bound)
-    monkeypatch.setattr(api, "memory_lower_bound", lambda problem: 0.0)
-    monkeypatch.setattr(api, "lower_bound", free_lower_bound)
-    monkeypatch.setattr(simulator, "lower_bound", free_lower_bound)
     problem = make_problem(**kw)
-    result = solve(problem, 20.0, engine="cpsat", deterministic=True, workers=1)
+    result = blind_optimum(problem, 20.0)
     assert result.status == "optimal"
     others = max(free_lower_bound(problem), warmup_bound(problem), count_lower_bound(problem),
                  occupancy_lower_bound(problem))

@@ -10,24 +10,14 @@ import pytest
 from core_schedules import make_problem, plan_of, problem_doc, serialized
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oracles import blind_optimum
 
-from planner import simulator
-from planner.bounds import free_lower_bound, lower_bound, min_memory
+from planner.bounds import lower_bound, min_memory
 from planner.contract import Problem
-from planner.solver import api, cpsat, solve
+from planner.solver import solve
 from planner.solver.exclusion_bound import _Job, exclusion_lower_bound, jackson_preemptive
 from planner.solver.memory_bound import count_lower_bound, memory_lower_bound
 from planner.solver.occupancy_bound import occupancy_lower_bound
-
-
-def blind_optimum(problem: Problem, monkeypatch, seconds: float = 10.0):
-    """CP-SAT knowing only free_lower_bound (as bench/bounds.py): its optimum owes nothing to the
-    bound under test (api.memory_lower_bound is where solve() takes it from)."""
-    monkeypatch.setattr(cpsat, "combined_lower_bound", free_lower_bound)
-    monkeypatch.setattr(api, "memory_lower_bound", lambda problem: 0.0)
-    monkeypatch.setattr(api, "lower_bound", free_lower_bound)
-    monkeypatch.setattr(simulator, "lower_bound", free_lower_bound)
-    return solve(problem, seconds, engine="cpsat", deterministic=True, workers=1)
 
 
 def other_bounds(problem: Problem) -> float:
@@ -72,9 +62,9 @@ def test_heavy_head_hand_value():
 
 
 @pytest.mark.parametrize("m, optimum", [(2, 19.5), (3, 27.0)])
-def test_heavy_head_is_strictly_stronger_and_below_the_optimum(m, optimum, monkeypatch):
+def test_heavy_head_is_strictly_stronger_and_below_the_optimum(m, optimum):
     problem = heavy_head(m)
-    result = blind_optimum(problem, monkeypatch)
+    result = blind_optimum(problem)
     assert result.status == "optimal"
     assert result.plan.makespan_ms == pytest.approx(optimum)
     bound = exclusion_lower_bound(problem)
@@ -99,7 +89,7 @@ def random_problem(rng: random.Random) -> Problem:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_never_above_a_blind_optimum(seed, monkeypatch):
+def test_never_above_a_blind_optimum(seed):
     """Random small problems where the bound says something: CP-SAT blind to it proves an optimum,
     and the bound is not above it."""
     rng = random.Random(seed)
@@ -107,7 +97,7 @@ def test_never_above_a_blind_optimum(seed, monkeypatch):
         problem = random_problem(rng)
         if exclusion_lower_bound(problem) > 0.0:
             break
-    result = blind_optimum(problem, monkeypatch, seconds=8.0)
+    result = blind_optimum(problem, seconds=8.0)
     if result.status != "optimal":
         pytest.skip("no proven optimum within the time")
     assert exclusion_lower_bound(problem) <= result.plan.makespan_ms + 1e-9
