@@ -26,6 +26,7 @@ from .errors import MAX_OFFSET, MAX_REVISION, ApiError, reject_nul
 from . import exports_cache, inline
 from .admission import rate_limited, stream_admitted
 from .events import job_message
+from .flight import single_flight
 from .models import CANCELLED, JOB_STATES, QUEUED
 from .outcomes import OUTCOMES
 from .repository import BestPlan, JobInfo
@@ -545,7 +546,7 @@ async def _build_export(st: ServiceState, request: Request, key: str, revision: 
                                       entry=exports_cache.build, what=f"the {kind} export")
         st.metrics.export_cache.labels(kind, "build").inc()
 
-    await inline.single_flight(_building, str(path), build)
+    await single_flight(_building, str(path), build)
 
 
 _EXPORT_RESPONSES = {304: {"description": "Not modified (If-None-Match)"},

@@ -36,6 +36,7 @@ from . import dashboard_traces, exports_cache, heap
 from . import dashboard_views as views
 from .admission import stream_admitted
 from .errors import MAX_PAGE, MAX_REVISION, ApiError, reject_nul
+from .flight import single_flight
 from .frontier_store import FrontierStore
 from .models import JOB_STATES
 
@@ -363,7 +364,7 @@ async def _build_baselines(request: Request, key: str, problem: Problem) -> None
             note = result.get("note") or "No baseline applies to this problem."
             BASELINES.put_table(key, problem, [], note)
 
-    await inline.single_flight(_BASELINE_BUILDS, key, build)
+    await single_flight(_BASELINE_BUILDS, key, build)
 
 
 def _baseline_rows(request: Request, key: str, problem: Problem, plan: Plan) -> tuple[list[dict[str, Any]], str]:

@@ -247,25 +247,6 @@ def _noop() -> None:
     return None
 
 
-async def single_flight(inflight: dict[str, asyncio.Future], key: str, work) -> None:
-    """Await `work()` once per `key` at a time in this process: concurrent callers of a key wait for
-    the one run under way (and see its exception), so a cached result is built once."""
-    pending = inflight.get(key)
-    if pending is not None:
-        await asyncio.shield(pending)
-        return
-    future = inflight[key] = asyncio.get_running_loop().create_future()
-    try:
-        await work()
-        future.set_result(None)
-    except BaseException as exc:
-        future.set_exception(exc)
-        future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
-        raise
-    finally:
-        inflight.pop(key, None)
-
-
 class Gone(Exception):
     """The client disconnected while its first plan was computed; the child was killed."""
 

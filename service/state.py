@@ -19,6 +19,7 @@ from pipeplan.settings import Settings
 from .admission import Admission
 from .db import DbTimeouts, make_engine
 from .events import ALL, EventBus, Hub, LocalPublisher, RedisListener, RedisPublisher
+from .flight import single_flight
 from .metrics import Metrics
 from .queue import JobQueue, LocalQueue, RQQueue
 from .reconcile import reconcile
@@ -116,23 +117,14 @@ class ServiceState:
         cached = None if fresh else self._cache.get(key)
         if cached is not None:
             return cached
-        pending = self._inflight.get(key)
-        if pending is not None:  # single flight: concurrent misses of one key share one query
-            return await asyncio.shield(pending)
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._inflight[key] = future
-        try:
+
+        async def query() -> BestPlan | None:
             best = await run_in_threadpool(self.repo.best, key)
             if best is not None and self._cache.getsizeof(best) <= self._cache.maxsize:
                 self._cache[key] = best
-            future.set_result(best)
             return best
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # mark retrieved: waiters (if any) re-raise it themselves
-            raise
-        finally:
-            self._inflight.pop(key, None)
+
+        return await single_flight(self._inflight, key, query)  # concurrent misses share one query
 
     def lock_for(self, key: str) -> threading.Lock:
         return self._locks[hash(key) % len(self._locks)]
