@@ -7,7 +7,6 @@ greedy always returns a plan for a feasible budget.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import replace
 from itertools import zip_longest
@@ -57,9 +56,7 @@ def reducing_treat(problem: Problem, mode: str) -> Treat | None:
         can_rec = opts.recompute and s.activation_mib - s.checkpoint_mib > 0
         if mode == "offload, crowded recompute" and can_rec and crowded(problem, k):
             chosen[k] = "recompute"
-        elif mode == "offload, crowded recompute" and can_off:
-            chosen[k] = "offload"
-        elif mode == "offload" and can_off:
+        elif mode in ("offload", "offload, crowded recompute") and can_off:
             chosen[k] = "offload"
         elif mode == "recompute" and can_rec:
             chosen[k] = "recompute"
@@ -151,8 +148,7 @@ def engine_variants(problem: Problem) -> list[tuple[str, EngineConfig]]:
     """Engine settings to try, most promising first (measured on the DESIGN.md section 4 cases)."""
     s = problem.num_stages
     split = problem.options.split_backward
-    limits = [problem.limit_of(d) for d in range(problem.num_devices)]
-    mem = None if all(math.isinf(x) for x in limits) else limits
+    mem = [problem.limit_of(d) for d in range(problem.num_devices)] if problem.limited_devices() else None
     one_f_one_b = [s - k for k in range(s)]
     twice = [2 * (s - k) - 1 for k in range(s)]
     # several stages per device: midway between 1F1B's count over all S stages and one pass over
@@ -196,7 +192,7 @@ def reducing_treatments(problem: Problem) -> list[tuple[str, Treat, bool]]:
     forwards held for a reload's room as usual and then eager (`reserve_after_copies`: het P=8, M=32,
     quarter memory, 1-ms copies: 151.2 -> 111.3, the memory bound), then recompute. On big problems
     only the first few (treatment, variant) pairs run, so the likely winner comes first."""
-    if all(math.isinf(problem.limit_of(d)) for d in range(problem.num_devices)):
+    if not problem.limited_devices():
         return []
     offload = reducing_treat(problem, "offload")
     crowd = None

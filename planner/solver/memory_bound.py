@@ -47,11 +47,8 @@ def count_lower_bound(problem: Problem) -> float:
     opts = problem.options
     split = problem.options.split_backward
     best = 0.0
-    for d in range(problem.num_devices):
-        limit = problem.limit_of(d)
-        if limit == float("inf"):
-            continue
-        cap = limit - problem.devices[d].static_mib
+    for d in problem.limited_devices():
+        cap = problem.limit_of(d) - problem.devices[d].static_mib
         stages = problem.stages_of(d)
         t_b = min(first_backward_start(problem, k) for k in stages)
         t_free = float("inf")

@@ -176,8 +176,7 @@ def _run(problem, inc, deadline, stop, notes):
             times[Op(Kind.RELOAD, k, i)] = (sr.solution_value(), sr.solution_value() + st.reload_ms)
     _offer(problem, inc, times)
     bound = solver.Objective().BestBound()
-    exact = not problem.options.recompute or all(
-        problem.limit_of(d) == float("inf") for d in range(problem.num_devices))
+    exact = not problem.options.recompute or not problem.limited_devices()
     proven = status == pywraplp.Solver.OPTIMAL and exact
     return (bound if exact else None), proven
 
