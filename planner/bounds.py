@@ -39,7 +39,8 @@ def first_backward_start(problem: Problem, k: int) -> float:
 def round_trip(problem: Problem, k: int) -> float:
     """Least time from F(k, i)'s end to its backward's start: the later stages both ways, links
     included (0 for the last stage)."""
-    return max(0.0, first_backward_start(problem, k) - forward_head(problem, k) - problem.stages[k].forward_ms)
+    after = first_backward_start(problem, k) - forward_head(problem, k) - problem.stages[k].forward_ms
+    return max(0.0, after)
 
 
 def lower_bound(problem: Problem) -> float:

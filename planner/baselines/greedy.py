@@ -252,8 +252,9 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
     recomputes less (common.better; each already pruned by common.evaluate).
 
     The zero-bubble patterns (the unit-cost ones re-timed, and ZB-H1 fitted to memory) are tried
-    first: at 1F1B's memory they are often best. Engine variants follow, most promising first (reducing activations first when no pattern
-    fits the limits); `inline` tries only `inline_runs` of them (and always until one fits), else all
+    first: at 1F1B's memory they are often best. Engine variants follow, most promising first
+    (reducing activations first when no pattern fits the limits); `inline` tries only
+    `inline_runs` of them (and always until one fits), else all
     (for the solver, which has the time; `skip` leaves out the first ones, which the inline run
     already tried); `keep_going()` returning False ends the search with the best so far.
     """

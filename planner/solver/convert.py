@@ -145,7 +145,7 @@ def _order_kept(problem: Problem, scale: Scale, times: dict[Op, tuple[float, flo
     included. Then two intervals overlap in ticks only where they overlapped in the plan: lane
     orders hold, and every moment's live memory is a subset of one the plan already had."""
     ts = scale.time_scale
-    order = sorted(times, key=lambda op: (times[op][0], times[op][1], lane_of(op.kind).value, op.stage, op.mb))
+    order = sorted(times, key=lambda op: (*times[op], lane_of(op.kind).value, op.stage, op.mb))
     pending: list[tuple[float, int]] = []  # (float end, tick end) of ops not yet known to be over
     released = 0  # latest tick end of the ops that ended, in the plan, by the current start
     out: dict[Op, int] = {}

@@ -35,9 +35,10 @@ LARGE_STEP_S = 6.0
 # A step first builds, loads and presolves the whole model (every pair, most of them only held in
 # their lane order); only then does it search. That overhead is measured (the time to the step's
 # first solution, the hint) and a step gets at least OVERHEAD_FACTOR times it, up to MAX_STEP_FACTOR
-# times its base budget (a step that finds not even the hint counts as all overhead). Measured on Llama-3-8B V at half memory (16 stages, M=32): presolve took
-# 1.2-1.7 s of every 3-s step; from the greedy seed, 40 s of LNS reached 6643/6647 ms with 3-s
-# steps, 6603/6591 with 6-s steps, 6614 with 10-s steps (1.5-s steps without presolve: 6701).
+# times its base budget (a step that finds not even the hint counts as all overhead). Measured on
+# Llama-3-8B V at half memory (16 stages, M=32): presolve took 1.2-1.7 s of every 3-s step; from
+# the greedy seed, 40 s of LNS reached 6643/6647 ms with 3-s steps, 6603/6591 with 6-s steps, 6614
+# with 10-s steps (1.5-s steps without presolve: 6701).
 OVERHEAD_FACTOR = 4.0
 MAX_STEP_FACTOR = 4.0
 
