@@ -216,6 +216,11 @@ class Problem(BaseModel):
     def stages_of(self, device: int) -> list[int]:
         return [k for k, s in enumerate(self.stages) if s.device == device]
 
+    def work_ms(self, device: int) -> float:
+        """Compute time of one microbatch on `device`: F + B + W of each of its stages."""
+        return sum(self.stages[k].forward_ms + self.stages[k].backward_input_ms + self.stages[k].backward_weight_ms
+                   for k in self.stages_of(device))
+
     def link_ms(self, from_stage: int, to_stage: int) -> float:
         """Transfer time between two stages: p2p_ms across devices, nothing on one device."""
         same = self.stages[from_stage].device == self.stages[to_stage].device

@@ -125,9 +125,7 @@ def fractional_treat(problem: Problem, slack: float) -> Treat | None:
 
 def _period(problem: Problem) -> float:
     """Steady-state time per microbatch: the busiest device's compute for one microbatch."""
-    return max(sum(problem.stages[k].forward_ms + problem.stages[k].backward_input_ms
-                   + problem.stages[k].backward_weight_ms for k in problem.stages_of(d))
-               for d in range(problem.num_devices))
+    return max(problem.work_ms(d) for d in range(problem.num_devices))
 
 
 def slow_copies(problem: Problem) -> bool:

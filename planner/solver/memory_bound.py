@@ -70,8 +70,7 @@ def count_lower_bound(problem: Problem) -> float:
         # Forward work that fits in `cap` before any free, capped at M per stage.
         forward = _knapsack(cap, [(problem.stages[k].forward_ms, held[k], float(m)) for k in stages])
         busy_before = min(t_free, forward + max(0.0, t_free - t_b))
-        work = m * sum(problem.stages[k].forward_ms + problem.stages[k].backward_input_ms
-                       + problem.stages[k].backward_weight_ms for k in stages)
+        work = m * problem.work_ms(d)
         idle_head = max(0.0, t_free - busy_before)
         idle_drain = _drain_idle(problem, stages, cap)
         # the drain's idle lies after the last forward's start, which is past the first free once

@@ -76,8 +76,7 @@ def _device_bound(problem: Problem, d: int) -> float:
     stages = problem.stages_of(d)
     m = float(problem.num_microbatches)
     t0 = min(forward_head(problem, k) for k in stages)
-    work = m * sum(problem.stages[k].forward_ms + problem.stages[k].backward_input_ms
-                   + problem.stages[k].backward_weight_ms for k in stages)
+    work = m * problem.work_ms(d)
     prints = {k: _footprints(problem, k) for k in stages}
     if cap <= 0:
         return 0.0  # min_memory refuses such a device; nothing to prove here
