@@ -48,7 +48,7 @@ class EngineConfig:
     # copies: 141.8 -> 115.0 for the greedy; no variant got slower on the benchmark's offload cases).
     # When only some microbatches are offloaded and a copy spans several microbatches' work, "one
     # backward ahead" comes too late to hide it, so the turn is the previous offloaded microbatch's,
-    # or the one the copy's span back (`_reload_trigger`): Qwen2.5-3B on 8 GPUs at half 1F1B's memory
+    # or the one the copy's span back (`_turn_of`): Qwen2.5-3B on 8 GPUs at half 1F1B's memory
     # (a copy is 1.6 microbatches of device 0's work), first plan 1,310 -> 1,282 ms.
     reload_in_turn: bool = False
     # An offloaded forward needs room for one reload only once the copies under way have freed theirs
@@ -99,15 +99,13 @@ class _Engine:
         self.future: list[list[tuple[float, int, float, Op]]] = [[] for _ in range(D)]
         self.last_free: list[Op | None] = [None] * D
         self.pending_restore: list[dict[tuple[int, int], float]] = [{} for _ in range(D)]
-        self.pending_reload: list[list[tuple[Op, Op]]] = [[] for _ in range(D)]
+        # (reload, the backward up the chain that triggers it, the in-turn backward it also waits for)
+        self.pending_reload: list[list[tuple[Op, Op, Op | None]]] = [[] for _ in range(D)]
         self.recompute_ready: dict[tuple[int, int], float] = {}
         self.trigger: dict[tuple[int, int], list[int]] = {}
         self.lead = [self._lead(k) for k in range(self.S)]
-        # how many microbatches of its device's work (F + B + W of every stage there) a stage's reload
-        # spans, at least 1
-        per_mb = [sum(problem.stages[k].forward_ms + problem.stages[k].backward_input_ms
-                      + problem.stages[k].backward_weight_ms for k in stages) for stages in self.stages_on]
-        self.reload_span = [max(1, math.ceil((s.reload_ms or 0.0) / max(TOL, per_mb[s.device]) - 1e-9))
+        # how many microbatches of its device's work a stage's reload spans, at least 1
+        self.reload_span = [max(1, math.ceil(s.reload_ms / problem.work_ms(s.device) - 1e-9))
                             for s in problem.stages]
         self.wake: set[int] = set()
         # room a forward of stage k must leave so the same microbatch can still run its forward on
@@ -280,34 +278,39 @@ class _Engine:
             self.wake.add(d)
             ch = self.choice[(k, i)]
             if ch.offload:
-                self.pending_reload[d].append((Op(Kind.RELOAD, k, i), trig))
+                self.pending_reload[d].append((Op(Kind.RELOAD, k, i), trig, self._turn_of(k, i)))
             else:
                 self.recompute_ready[(k, i)] = self.times[trig][0]
                 self.gates.append(Gate(Op(Kind.RECOMPUTE, k, i), trig, at_end=False))
 
-    def _reload_trigger(self, rl: Op, trig: Op) -> Op | None:
-        """The op whose start gates reload `rl`: `trig`, or with `reload_in_turn` also the backward
-        of the stage's previous offloaded microbatch, or of the one `reload_span` microbatches back if
-        that is later (None: that backward has not started yet). With every microbatch offloaded, or
-        a copy no longer than a microbatch's work on the device, that is the previous microbatch's."""
-        if not self.cfg.reload_in_turn or rl.mb == 0:
-            return trig
-        floor = max(rl.mb - self.reload_span[rl.stage], -1)
-        prev_mb = rl.mb - 1
-        while prev_mb > floor and not self.choice[(rl.stage, prev_mb)].offload:
-            prev_mb -= 1  # every earlier forward of the stage has run, so its choice is known
-        if prev_mb < 0:
-            return trig
-        prev = self._bwd(rl.stage, prev_mb)
-        if prev not in self.times:
+    def _turn_of(self, k: int, i: int) -> Op | None:
+        """With `reload_in_turn`, the backward reload (k, i) also waits for: the stage's previous
+        offloaded microbatch's, or the one `reload_span` microbatches back if that is later (None:
+        none). With every microbatch offloaded, or a copy no longer than a microbatch's work on the
+        device, that is the previous microbatch's. Every earlier forward of the stage has run by the
+        time the reload is queued, so their choices are known."""
+        if not self.cfg.reload_in_turn:
             return None
-        return prev if self.times[prev][0] > self.times[trig][0] else trig
+        floor = max(i - self.reload_span[k], -1)
+        j = i - 1
+        while j > floor and not self.choice[(k, j)].offload:
+            j -= 1
+        return self._bwd(k, j) if j >= 0 else None
 
-    def _next_reload(self, queue: list[tuple[Op, Op]]) -> tuple[int, Op, Op] | None:
+    def _reload_gate(self, trig: Op, turn: Op | None) -> Op | None:
+        """The op whose start gates a reload: `trig`, or `turn` when it starts later (None: `turn`
+        has not started yet)."""
+        if turn is None:
+            return trig
+        if turn not in self.times:
+            return None
+        return turn if self.times[turn][0] > self.times[trig][0] else trig
+
+    def _next_reload(self, queue: list[tuple[Op, Op, Op | None]]) -> tuple[int, Op, Op] | None:
         """(position, reload, gating op) of the first queued reload whose turn has come: one waiting
         for its stage's previous backward must not hold up another stage's on a device with several."""
-        for n, (rl, trig) in enumerate(queue):
-            gate = self._reload_trigger(rl, trig)
+        for n, (rl, trig, turn) in enumerate(queue):
+            gate = self._reload_gate(trig, turn)
             if gate is not None:
                 return n, rl, gate
         return None
