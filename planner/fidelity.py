@@ -8,6 +8,7 @@ for the hardware as it behaved, not as the cost model predicted.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,7 +117,7 @@ def critical_path(problem: Problem, plan: Plan, trace: Trace) -> list[PathStep]:
                 lanes.setdefault(lane_of(Kind(op.kind)), []).append(op)
         for ops in lanes.values():
             ops.sort(key=lambda o: o.start_ms)
-            for before, after in zip(ops, ops[1:]):
+            for before, after in itertools.pairwise(ops):
                 previous[(after.kind, after.stage, after.mb)] = (before.kind, before.stage, before.mb)
     key = max(measured, key=lambda k: measured[k].end_ms)
     path: list[PathStep] = []
@@ -162,7 +163,7 @@ def runtime_overhead_samples(problem: Problem, trace: Trace) -> list[float]:
     for d in trace.devices:
         compute = sorted((o for o in d.ops if o.kind in _FIELDS or o.kind == "BW"), key=lambda o: o.start_ms)
         compute = [o for o in compute if Kind(o.kind) in COMPUTE_KINDS]
-        for before, after in zip(compute, compute[1:]):
+        for before, after in itertools.pairwise(compute):
             key = (after.kind, after.stage, after.mb)
             if key not in device_of or (after.stage, after.mb) not in choices:
                 continue

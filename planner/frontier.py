@@ -15,6 +15,7 @@ choose points with the cheap heuristic and leave the solving to its workers.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -324,7 +325,7 @@ def next_factor(solved: list[tuple[float, float]], s: Setup) -> float | None:
     ms = [m for _, m in pts]
     span_m = max(max(ms) - min(ms), 1e-9)
     best, where = -1.0, None
-    for (f0, m0), (f1, m1) in zip(pts, pts[1:]):
+    for (f0, m0), (f1, m1) in itertools.pairwise(pts):
         width = (f1 - f0) / span_f
         if width <= 2 * SAME_FACTOR:
             continue

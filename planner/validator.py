@@ -6,6 +6,7 @@ heuristics, solvers, service and worker call.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 
@@ -102,7 +103,7 @@ def validate_plan(problem: Problem, plan: Plan, problem_key: str | None = None) 
             by_lane[lane_of(t.op.kind)].append(t)
         for lane in LANES:
             on_lane = sorted(by_lane[lane], key=lambda t: (t.start, t.end))
-            for a, b in zip(on_lane, on_lane[1:]):
+            for a, b in itertools.pairwise(on_lane):
                 if not not_before(b.start, a.end):
                     overlaps.append(f"device {device} {lane.value} lane: {b.op} starts at {b.start:.6g} ms"
                                     f" while {a.op} runs until {a.end:.6g} ms")
