@@ -168,7 +168,10 @@ def exclusive_bound(problem: Problem) -> float:
         makespan >= head + sum of stretches + max(0, outside work - idle inside the stretches),
 
     minimised over how many microbatches take each treatment (a fractional split, so it stays a
-    proof). Qwen2.5-3B on 8 GPUs at half of 1F1B's memory: device 0 has 3,566 MiB for activations of
+    proof). When nothing may run after the last stretch (its W's are inside the stretches, or there
+    are none), that microbatch's backward chain still runs down to stage 0 and its W after it: the
+    bound adds that tail, less the stretch's own W (Llama-3-8B on the 40/26-GiB cluster, device 6:
+    7,232 -> 7,574 ms). Qwen2.5-3B on 8 GPUs at half of 1F1B's memory: device 0 has 3,566 MiB for activations of
     2,220 MiB and weight gradients of 1,790 MiB, so recomputing every microbatch costs 311 ms and a
     copy round trip takes ten forwards."""
     best = 0.0
@@ -202,7 +205,11 @@ def exclusive_bound(problem: Problem) -> float:
             kinds.append((rec_ms + b + tail, 0.0, s.forward_ms))
         least = _least_split(kinds, m, outside_w)
         head = forward_head(problem, k)
-        best = max(best, head + least)
+        after = 0.0
+        if w_alone or not split:  # the device ends with a stretch: then B(k-1..0) and W(0) follow
+            w0 = problem.stages[0].backward_weight_ms if split else 0.0
+            after = max(0.0, backward_tail(problem, k) + w0 - w)
+        best = max(best, head + least + after)
     return best
 
 

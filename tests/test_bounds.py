@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from core_schedules import gpipe, make_problem, one_f_one_b, plan_of, serialized
+from core_schedules import gpipe, make_problem, one_f_one_b, plan_of, problem_doc, serialized
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oracles import blind_optimum
@@ -220,6 +220,13 @@ def test_exclusive_bound_hand_value():
     assert exclusive_bound(problem) == pytest.approx(14.0 + 2.0 / 3.0)
     assert lower_bound(problem) == pytest.approx(exclusive_bound(problem))
     assert free_lower_bound(problem) == pytest.approx(13.0)
+    # the same device in the middle of P=3 (round trip 2): the last stretch's B(0) and W(0) follow it,
+    # less its own W: + 1 ms, beside the forward head of 1 ms
+    doc = problem_doc(p=3, m=4, recompute=True, checkpoint_mib=0.0, weight_grad_mib=80.0)
+    doc["devices"][1]["memory_limit_mib"] = 150.0
+    middle = Problem.model_validate(doc)
+    assert exclusive_bound(middle) == pytest.approx(1.0 + 14.0 + 2.0 / 3.0 + 1.0)
+    assert blind_optimum(middle, 20.0).plan.makespan_ms >= exclusive_bound(middle) - 1e-9
     # room for two activations, or no limit: nothing to say
     assert exclusive_bound(make_problem(p=2, m=4, limit=200.0, recompute=True, weight_grad_mib=80.0)) == 0.0
     assert exclusive_bound(make_problem(p=2, m=4, recompute=True)) == 0.0
