@@ -171,9 +171,9 @@ def exclusive_bound(problem: Problem) -> float:
     proof). When nothing may run after the last stretch (its W's are inside the stretches, or there
     are none), that microbatch's backward chain still runs down to stage 0 and its W after it: the
     bound adds that tail, less the stretch's own W (Llama-3-8B on the 40/26-GiB cluster, device 6:
-    7,232 -> 7,574 ms). Qwen2.5-3B on 8 GPUs at half of 1F1B's memory: device 0 has 3,566 MiB for activations of
-    2,220 MiB and weight gradients of 1,790 MiB, so recomputing every microbatch costs 311 ms and a
-    copy round trip takes ten forwards."""
+    7,232 -> 7,574 ms). Qwen2.5-3B on 8 GPUs at half of 1F1B's memory: device 0 has 3,566 MiB for
+    activations of 2,220 MiB and weight gradients of 1,790 MiB, so recomputing every microbatch costs
+    311 ms and a copy round trip takes ten forwards."""
     best = 0.0
     opts = problem.options
     m = float(problem.num_microbatches)
