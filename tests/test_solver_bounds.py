@@ -107,3 +107,22 @@ def test_occupancy_bound_binds_near_the_least_memory_and_holds(blind_solve):
     result = blind_solve(problem, 10.0, engine="cpsat", deterministic=True)
     assert result.status == "optimal"
     assert max(memory_lower_bound(problem), lower_bound(problem)) <= result.plan.makespan_ms + 1e-9
+
+
+def test_forwards_before_the_first_free_count_whole(blind_solve):
+    """P=4, M=6, unit costs, device 0 holds 2.5 activations: its first backward ends at 8 at the
+    earliest and frees nothing before, so only 2 whole forwards (not 2.5) can have started; with the
+    backward in [7, 8) it is busy at most 3 of those 8 ms. 18 ms of work + 5 idle = 23 (22.5 counting
+    fractions of a forward); the optimum CP-SAT proves without the bound is 27."""
+    from planner.solver.memory_bound import _whole_forwards, count_lower_bound
+
+    assert _whole_forwards(250.0, [(1.0, 100.0, 8.0)]) == 2.0
+    assert _whole_forwards(250.0, [(1.0, 100.0, 8.0), (3.0, 120.0, 8.0)]) == 6.0  # two of the second
+    assert _whole_forwards(1000.0, [(1.0, 100.0, 3.0)]) == 3.0  # at most M
+    doc = problem_doc(p=4, m=6)
+    doc["devices"][0]["memory_limit_mib"] = 250.0
+    problem = Problem.model_validate(doc)
+    assert count_lower_bound(problem) == pytest.approx(23.0)
+    result = blind_solve(problem, 20.0, engine="cpsat", deterministic=True)
+    assert result.status == "optimal"
+    assert count_lower_bound(problem) <= result.plan.makespan_ms + 1e-9

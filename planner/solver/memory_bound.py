@@ -23,6 +23,8 @@ and its W. With an activation held until W (DESIGN.md section 4) this is what st
 
 from __future__ import annotations
 
+import math
+
 from ..bounds import backward_tail, first_backward_start, forward_head, round_trip
 from ..contract import Problem
 from .exclusion_bound import exclusion_lower_bound
@@ -39,6 +41,27 @@ def _knapsack(capacity: float, items: list[tuple[float, float, float]]) -> float
         value += n * per
         capacity -= n * size
     return value
+
+
+def _whole_forwards(capacity: float, items: list[tuple[float, float, float]]) -> float:
+    """_knapsack counted in whole forwards: a forward holds its memory from its start, so before the
+    first free only whole ones can have started. Exact for the one or two stages a device usually
+    holds (the first one's count enumerated); with more, the fractional value, never lower."""
+    if len(items) > 2:
+        return _knapsack(capacity, items)
+
+    def most(room: float, size: float, count: float) -> int:
+        return int(count) if size <= 0 else int(min(count, math.floor(max(0.0, room) / size + 1e-9)))
+
+    (per, size, count), rest = items[0], items[1:]
+    best = 0.0
+    for n in range(most(capacity, size, count) + 1):
+        value = n * per
+        if rest:
+            per2, size2, count2 = rest[0]
+            value += most(capacity - n * size, size2, count2) * per2
+        best = max(best, value)
+    return best
 
 
 def count_lower_bound(problem: Problem) -> float:
@@ -68,7 +91,7 @@ def count_lower_bound(problem: Problem) -> float:
         if any(held[k] <= 0 for k in stages):
             continue  # a forward that holds nothing is not limited by memory
         # Forward work that fits in `cap` before any free, capped at M per stage.
-        forward = _knapsack(cap, [(problem.stages[k].forward_ms, held[k], float(m)) for k in stages])
+        forward = _whole_forwards(cap, [(problem.stages[k].forward_ms, held[k], float(m)) for k in stages])
         busy_before = min(t_free, forward + max(0.0, t_free - t_b))
         work = m * problem.work_ms(d)
         idle_head = max(0.0, t_free - busy_before)
