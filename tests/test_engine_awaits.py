@@ -15,8 +15,7 @@ from planner.simulator import Schedule, Timing
 
 def v_problem() -> Problem:
     """V placement, P=4, M=16; B and W not multiples of F, so arrivals fall inside forwards."""
-    return make_problem(4, 16, placement="v", chunks=2, p2p=0.1, forward_ms=1.0,
-                        backward_input_ms=1.3, backward_weight_ms=0.7)
+    return make_problem(4, 16, placement="v", chunks=2, p2p=0.1, b=1.3, w=0.7)
 
 
 def engine_times(problem: Problem, **flags: bool) -> Timing:
