@@ -28,6 +28,13 @@ def backward_tail(problem: Problem, k: int) -> float:
     return sum(problem.link_ms(j + 1, j) + backward_ms(problem, j) for j in range(k))
 
 
+def backward_chain(problem: Problem, k: int) -> float:
+    """Least time from the end of B(k, i) (or BW) to the end of microbatch i's last op: the
+    backwards of stages k-1..0, then W(0, i) when the backward is split."""
+    w0 = problem.stages[0].backward_weight_ms if problem.options.split_backward else 0.0
+    return backward_tail(problem, k) + w0
+
+
 def first_backward_start(problem: Problem, k: int) -> float:
     """Earliest start of any backward of stage k: full forward chain, then backwards S-1..k+1."""
     last = problem.num_stages - 1
@@ -56,8 +63,7 @@ def free_lower_bound(problem: Problem) -> float:
     """
     m = problem.num_microbatches
     split = problem.options.split_backward
-    w0 = problem.stages[0].backward_weight_ms if split else 0.0
-    critical = first_backward_start(problem, 0) + backward_ms(problem, 0) + w0
+    critical = first_backward_start(problem, 0) + backward_ms(problem, 0) + backward_chain(problem, 0)
     best = critical
     for d in range(problem.num_devices):
         stages = problem.stages_of(d)
@@ -128,7 +134,7 @@ def warmup_bound(problem: Problem) -> float:
             if opts.recompute else 1.0
         waste = max(0.0, t_b - head - useful) * factor
         m = problem.num_microbatches
-        work = m * (s.forward_ms + s.backward_input_ms + s.backward_weight_ms)
+        work = m * problem.work_ms(d)
         tail = 0.0 if opts.split_backward else backward_tail(problem, k)  # after its last BW
         best = max(best, head + work + waste + tail)
     return best
@@ -205,10 +211,8 @@ def exclusive_bound(problem: Problem) -> float:
             kinds.append((rec_ms + b + tail, 0.0, s.forward_ms))
         least = _least_split(kinds, m, outside_w)
         head = forward_head(problem, k)
-        after = 0.0
-        if w_alone or not split:  # the device ends with a stretch: then B(k-1..0) and W(0) follow
-            w0 = problem.stages[0].backward_weight_ms if split else 0.0
-            after = max(0.0, backward_tail(problem, k) + w0 - w)
+        # the device ends with a stretch when nothing may run after it; its B's chain then follows
+        after = max(0.0, backward_chain(problem, k) - w) if w_alone or not split else 0.0
         best = max(best, head + least + after)
     return best
 

@@ -218,8 +218,8 @@ class Problem(BaseModel):
 
     def work_ms(self, device: int) -> float:
         """Compute time of one microbatch on `device`: F + B + W of each of its stages."""
-        return sum(self.stages[k].forward_ms + self.stages[k].backward_input_ms + self.stages[k].backward_weight_ms
-                   for k in self.stages_of(device))
+        return sum(s.forward_ms + s.backward_input_ms + s.backward_weight_ms
+                   for s in self.stages if s.device == device)
 
     def link_ms(self, from_stage: int, to_stage: int) -> float:
         """Transfer time between two stages: p2p_ms across devices, nothing on one device."""

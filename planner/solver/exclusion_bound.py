@@ -36,7 +36,7 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
-from ..bounds import backward_ms, backward_tail, first_backward_start, forward_head, round_trip
+from ..bounds import backward_chain, backward_ms, first_backward_start, forward_head, round_trip
 from ..contract import Problem
 
 MAX_CLASSES = 10  # window classes per device enumerated as subsets (2 per stage)
@@ -98,7 +98,6 @@ def _stage_parts(problem: Problem, k: int) -> tuple[list[_Class], list[_OpKind]]
     f = s.forward_ms
     b = backward_ms(problem, k)
     w = s.backward_weight_ms if split else 0.0
-    w0 = problem.stages[0].backward_weight_ms if split else 0.0
     head, fbs = forward_head(problem, k), first_backward_start(problem, k)
     x = f + round_trip(problem, k)
     if opts.recompute:
@@ -106,7 +105,7 @@ def _stage_parts(problem: Problem, k: int) -> tuple[list[_Class], list[_OpKind]]
     if opts.offload and (s.offloadable_mib if s.offloadable_mib is not None else s.activation_mib) > 0:
         off = s.offload_ms or 0.0
         x = min(x, s.reload_ms if s.reload_ms is not None else off)
-    chain = backward_tail(problem, k) + w0  # after B(k,i): the backwards below, then W(0,i)
+    chain = backward_chain(problem, k)  # after B(k,i): the backwards below, then W(0,i)
     q_b = max(chain, w)  # W(k,i) follows B(k,i) too
     start = max(head, fbs - x)
     act = s.activation_mib

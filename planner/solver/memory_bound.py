@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from ..bounds import backward_tail, first_backward_start, forward_head, round_trip
+from ..bounds import backward_chain, first_backward_start, forward_head, round_trip
 from ..contract import Problem
 from .exclusion_bound import exclusion_lower_bound
 from .occupancy_bound import occupancy_lower_bound
@@ -148,7 +148,7 @@ def _tail_bound(problem: Problem, stages: list[int], cap: float, work: float, t_
     earliest_t = min(first_backward_start(problem, k) + problem.stages[k].backward_input_ms for k in stages)
     t_known = min(t_free, earliest_t)
     last_b_end = max(head + work - after, t_known + work - after - min(t_known, busy_before))
-    chain = min(backward_tail(problem, k) for k in stages) + problem.stages[0].backward_weight_ms
+    chain = min(backward_chain(problem, k) for k in stages)
     return last_b_end + chain
 
 
