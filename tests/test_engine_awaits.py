@@ -7,7 +7,7 @@ from __future__ import annotations
 from core_schedules import make_problem
 
 from planner.baselines.engine import EngineConfig, run_engine
-from planner.baselines.greedy import awaiting_tries
+from planner.baselines.greedy import Attempt, awaiting_tries
 from planner.contract import Problem
 from planner.ops import Kind, Op
 from planner.simulator import Schedule, Timing
@@ -62,12 +62,12 @@ def test_later_chunk_forwards_wait_less():
 
 def test_the_second_pass_takes_the_two_best_treatments_fastest_first():
     cfg = EngineConfig(split=True, prefer_late_forward=True)
-    late = [(12.0, ("a", None, False, "v1", cfg)), (10.0, ("b", None, False, "v1", cfg)),
-            (11.0, ("c", None, False, "v1", cfg)), (float("inf"), ("b", None, False, "v2", cfg)),
-            (9.5, ("a", None, False, "v2", cfg))]
+    late = [(12.0, Attempt("a", None, False, "v1", cfg)), (10.0, Attempt("b", None, False, "v1", cfg)),
+            (11.0, Attempt("c", None, False, "v1", cfg)), (float("inf"), Attempt("b", None, False, "v2", cfg)),
+            (9.5, Attempt("a", None, False, "v2", cfg))]
     tries = awaiting_tries(late)
-    assert [(t[0], t[3]) for t in tries] == [
+    assert [(t.treat_name, t.name) for t in tries] == [
         ("a", "v2,await B"), ("a", "v2,await B+F"), ("b", "v1,await B"), ("b", "v1,await B+F"),
         ("a", "v1,await B"), ("a", "v1,await B+F"), ("b", "v2,await B"), ("b", "v2,await B+F")]
-    assert all(t[4].await_first_backward for t in tries)
-    assert [t[4].await_later_forward for t in tries[:2]] == [False, True]
+    assert all(t.config.await_first_backward for t in tries)
+    assert [t.config.await_later_forward for t in tries[:2]] == [False, True]

@@ -7,8 +7,14 @@ from __future__ import annotations
 from core_schedules import problem_doc
 
 from planner.baselines import best_heuristic
-from planner.baselines.engine import EngineConfig
-from planner.baselines.greedy import crowded, engine_variants, reducing_treat, reducing_treatments, run_try
+from planner.baselines.greedy import (
+    Attempt,
+    crowded,
+    engine_variants,
+    reducing_treat,
+    reducing_treatments,
+    run_try,
+)
 from planner.bounds import min_memory
 from planner.contract import Problem
 from planner.validator import validate_plan
@@ -56,7 +62,7 @@ def test_crowded_treatment_is_valid_and_beats_offloading_everything():
         spans = []
         for eager in (False, True):
             for name, cfg in engine_variants(problem):
-                out = run_try(problem, (mode, treat, eager, name, cfg))
+                out = run_try(problem, Attempt(mode, treat, eager, name, cfg))
                 if out is not None:
                     plan = out.plan()
                     assert validate_plan(problem, plan) == []

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 from itertools import zip_longest
+from typing import NamedTuple
 
 from ..bounds import first_backward_start, forward_head
 from ..contract import Plan, Problem
@@ -228,10 +229,21 @@ def inline_runs(problem: Problem) -> int:
     return max(2, OPS_BUDGET // max(1, 3 * problem.num_stages * problem.num_microbatches))
 
 
-def greedy_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]) -> list[tuple]:
-    """(treatment, treat, eager, variant name, config) in the order greedy runs them (the inline run
-    stops after `inline_runs`): the fractional shares round-robin among themselves, every other
-    treatment variant by variant in its own order, and the two streams alternate.
+class Attempt(NamedTuple):
+    """One engine run of the greedy: a treatment (its label, the function, eager forwards) and an
+    engine variant (its name, the config)."""
+
+    treat_name: str
+    treat: Treat | None
+    eager: bool
+    name: str
+    config: EngineConfig
+
+
+def greedy_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]) -> list[Attempt]:
+    """The attempts in the order greedy runs them (the inline run stops after `inline_runs`): the
+    fractional shares round-robin among themselves, every other treatment variant by variant in its
+    own order, and the two streams alternate.
 
     All fractional variants first spent the whole inline budget on them on real-model problems
     (Llama-2-13B on 16 GPUs at 24 GiB: 13 runs, 5126 ms, where plain offload's fifth variant gives
@@ -241,7 +253,7 @@ def greedy_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]])
     shares = [(name, cfg, t) for name, cfg in variants for t in treats if t[0].startswith("fractional")]
     others = [(name, cfg, t) for t in treats if not t[0].startswith("fractional") for name, cfg in variants]
     merged = [x for pair in zip_longest(shares, others) for x in pair if x is not None]
-    return [(t[0], t[1], t[2], name, cfg) for name, cfg, t in merged]
+    return [Attempt(t[0], t[1], t[2], name, cfg) for name, cfg, t in merged]
 
 
 def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[], bool] = lambda: True,
@@ -271,14 +283,14 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
             continue
     tries = greedy_tries(problem, treatments(problem, pattern_fits))
     budget = inline_runs(problem) if inline else len(tries)
-    late: list[tuple[float, tuple]] = []  # (makespan, attempt) of the late-forward variants run
+    late: list[tuple[float, Attempt]] = []  # (makespan, attempt) of the late-forward variants run
     for runs, attempt in enumerate(tries[skip:], start=skip):
         if (runs >= budget or not keep_going()) and best is not None:
             break
         # variants whose own timing is clearly slower are skipped (OWN_TIMING_SLACK): speed only
         outcome = run_try(problem, attempt, slower_than=best)
         best = better(best, outcome, tolerance)
-        if attempt[4].prefer_late_forward:
+        if attempt.config.prefer_late_forward:
             late.append((outcome.makespan if outcome is not None else math.inf, attempt))
     for attempt in awaiting_tries(late)[:inline_runs(problem)]:
         if not keep_going():
@@ -300,17 +312,17 @@ AWAITS = (("await B", {"await_first_backward": True}),
           ("await B+F", {"await_first_backward": True, "await_later_forward": True}))
 
 
-def awaiting_tries(late: list[tuple[float, tuple]]) -> list[tuple]:
+def awaiting_tries(late: list[tuple[float, Attempt]]) -> list[Attempt]:
     """The AWAITS versions of the late-forward attempts of the two best treatments, fastest first
     (then those that blocked or were skipped as slower, in their own order: a variant a few percent
     behind may lead once it waits)."""
     best_of: dict[str, float] = {}
     for makespan, attempt in late:
-        best_of[attempt[0]] = min(makespan, best_of.get(attempt[0], makespan))
+        best_of[attempt.treat_name] = min(makespan, best_of.get(attempt.treat_name, makespan))
     top = sorted(best_of, key=best_of.__getitem__)[:2]
-    ranked = sorted((x for x in late if x[1][0] in top), key=lambda x: x[0])
-    return [(treat_name, treat, eager, f"{name},{label}", replace(cfg, **fields))
-            for _, (treat_name, treat, eager, name, cfg) in ranked for label, fields in AWAITS]
+    ranked = [a for _, a in sorted((x for x in late if x[1].treat_name in top), key=lambda x: x[0])]
+    return [a._replace(name=f"{a.name},{label}", config=replace(a.config, **fields))
+            for a in ranked for label, fields in AWAITS]
 
 
 def treatments(problem: Problem, pattern_fits: bool) -> list[tuple[str, Treat | None, bool]]:
@@ -326,10 +338,10 @@ def treatments(problem: Problem, pattern_fits: bool) -> list[tuple[str, Treat | 
 OWN_TIMING_SLACK = 0.03
 
 
-def run_try(problem: Problem, attempt: tuple, slower_than: Outcome | None = None) -> Outcome | None:
-    """One (treatment, treat, eager, variant, config) of greedy_tries, evaluated (pruned, memory
-    checked): ASAP re-timing first, the engine's own timing if that breaks a limit. None when the
-    engine blocks, nothing fits, or its own timing is clearly slower than `slower_than`."""
+def run_try(problem: Problem, attempt: Attempt, slower_than: Outcome | None = None) -> Outcome | None:
+    """One attempt of greedy_tries, evaluated (pruned, memory checked): ASAP re-timing first, the
+    engine's own timing if that breaks a limit. None when the engine blocks, nothing fits, or its own
+    timing is clearly slower than `slower_than`."""
     treat_name, treat, eager, name, cfg = attempt
     schedule = run_engine(problem, replace(cfg, treat=treat, reload_in_turn=True, reserve_after_copies=eager))
     if schedule is None:
