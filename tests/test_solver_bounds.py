@@ -40,10 +40,13 @@ def test_memory_bound_is_below_the_proven_optimum(kw, blind_solve):
     assert memory_lower_bound(problem) <= result.plan.makespan_ms + 1e-9
 
 
-def test_tail_bound_is_tight_where_pending_weight_gradients_fill_memory(blind_solve):
+@pytest.mark.parametrize("limit", [200.0, 250.0])
+def test_tail_bound_is_tight_where_pending_weight_gradients_fill_memory(limit, blind_solve):
     """P=4, M=4, two activations of memory, fast offload: after the last device's last B only two
-    W's can follow, then three B's and a W run down the pipeline: 17, not planner.bounds' 15."""
-    problem = make_problem(p=4, m=4, limit=200.0, weight_grad_mib=100.0, offload=True, offload_ms=1.0,
+    W's can follow, then three B's and a W run down the pipeline: 17, not planner.bounds' 15. With
+    two and a half weight gradients of memory still only two whole W's are pending (counting the
+    half gave 16.5)."""
+    problem = make_problem(p=4, m=4, limit=limit, weight_grad_mib=100.0, offload=True, offload_ms=1.0,
                            offloadable_mib=100.0)
     assert lower_bound(problem) == 15.0
     assert memory_lower_bound(problem) == pytest.approx(17.0)
@@ -114,11 +117,11 @@ def test_forwards_before_the_first_free_count_whole(blind_solve):
     earliest and frees nothing before, so only 2 whole forwards (not 2.5) can have started; with the
     backward in [7, 8) it is busy at most 3 of those 8 ms. 18 ms of work + 5 idle = 23 (22.5 counting
     fractions of a forward); the optimum CP-SAT proves without the bound is 27."""
-    from planner.solver.memory_bound import _whole_forwards, count_lower_bound
+    from planner.solver.memory_bound import _whole_knapsack, count_lower_bound
 
-    assert _whole_forwards(250.0, [(1.0, 100.0, 8.0)]) == 2.0
-    assert _whole_forwards(250.0, [(1.0, 100.0, 8.0), (3.0, 120.0, 8.0)]) == 6.0  # two of the second
-    assert _whole_forwards(1000.0, [(1.0, 100.0, 3.0)]) == 3.0  # at most M
+    assert _whole_knapsack(250.0, [(1.0, 100.0, 8.0)]) == 2.0
+    assert _whole_knapsack(250.0, [(1.0, 100.0, 8.0), (3.0, 120.0, 8.0)]) == 6.0  # two of the second
+    assert _whole_knapsack(1000.0, [(1.0, 100.0, 3.0)]) == 3.0  # at most M
     doc = problem_doc(p=4, m=6)
     doc["devices"][0]["memory_limit_mib"] = 250.0
     problem = Problem.model_validate(doc)
