@@ -67,13 +67,12 @@ def free_lower_bound(problem: Problem) -> float:
     best = critical
     for d in range(problem.num_devices):
         stages = problem.stages_of(d)
-        work_f = m * sum(problem.stages[k].forward_ms for k in stages)
-        work_bw = m * sum(problem.stages[k].backward_input_ms + problem.stages[k].backward_weight_ms
-                          for k in stages)
+        work = m * problem.work_ms(d)
+        work_bw = work - m * sum(problem.stages[k].forward_ms for k in stages)
         # Without split, the device's last op is some BW(k, i); the backward chain below k follows.
         tail = 0.0 if split else min(backward_tail(problem, k) for k in stages)
         head = min(forward_head(problem, k) for k in stages)
-        best = max(best, head + work_f + work_bw + tail,
+        best = max(best, head + work + tail,
                    min(first_backward_start(problem, k) for k in stages) + work_bw + tail)
     return best
 
