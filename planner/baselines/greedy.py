@@ -282,7 +282,8 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
         except (NotApplicable, DoesNotFit, ScheduleError):
             continue
     tries = greedy_tries(problem, treatments(problem, pattern_fits))
-    budget = inline_runs(problem) if inline else len(tries)
+    inline_count = inline_runs(problem)
+    budget = inline_count if inline else len(tries)
     late: list[tuple[float, Attempt]] = []  # (makespan, attempt) of the late-forward variants run
     for runs, attempt in enumerate(tries[skip:], start=skip):
         if (runs >= budget or not keep_going()) and best is not None:
@@ -292,7 +293,7 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
         best = better(best, outcome, tolerance)
         if attempt.config.prefer_late_forward:
             late.append((outcome.makespan if outcome is not None else math.inf, attempt))
-    for attempt in awaiting_tries(late)[:inline_runs(problem)]:
+    for attempt in awaiting_tries(late)[:inline_count]:
         if not keep_going():
             break
         best = better(best, run_try(problem, attempt, slower_than=best), tolerance)
