@@ -271,7 +271,8 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
     several stages per device the best late-forward variants then run again, waiting for urgent
     arrivals (`awaiting_tries`): as many runs again as inline, also for the solver, whose search
     needs the time more (all of them left none at P=16 under a memory limit: Qwen2.5-14B V at 70%
-    stayed at its first plan, 5,362 ms, where the search had reached 5,338).
+    stayed at its first plan, 5,362 ms, where the search had reached 5,338). The solver's run ends
+    with the paced variants (`paced_tries`).
     """
     best: Outcome | None = None
     pattern_fits = False
@@ -281,7 +282,8 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
             pattern_fits = True
         except (NotApplicable, DoesNotFit, ScheduleError):
             continue
-    tries = greedy_tries(problem, treatments(problem, pattern_fits))
+    treats = treatments(problem, pattern_fits)
+    tries = greedy_tries(problem, treats)
     inline_count = inline_runs(problem)
     budget = inline_count if inline else len(tries)
     late: list[tuple[float, Attempt]] = []  # (makespan, attempt) of the late-forward variants run
@@ -293,7 +295,7 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
         best = better(best, outcome, tolerance)
         if attempt.config.prefer_late_forward:
             late.append((outcome.makespan if outcome is not None else math.inf, attempt))
-    for attempt in awaiting_tries(late)[:inline_count]:
+    for attempt in awaiting_tries(late)[:inline_count] + ([] if inline else paced_tries(problem, treats)):
         if not keep_going():
             break
         best = better(best, run_try(problem, attempt, slower_than=best), tolerance)
@@ -324,6 +326,49 @@ def awaiting_tries(late: list[tuple[float, Attempt]]) -> list[Attempt]:
     ranked = [a for _, a in sorted((x for x in late if x[1].treat_name in top), key=lambda x: x[0])]
     return [a._replace(name=f"{a.name},{label}", config=replace(a.config, **fields))
             for a in ranked for label, fields in AWAITS]
+
+
+def forward_pipe_depths(problem: Problem) -> list[int]:
+    """Per device, how many microbatch periods a microbatch takes from the end of the device's first
+    stage's forward to the start of its last stage's, with nobody in the way (at least 1)."""
+    period = _period(problem)
+    depths = []
+    for d in range(problem.num_devices):
+        first, last = problem.stages_of(d)[0], problem.stages_of(d)[-1]
+        pipe = sum(problem.stages[k].forward_ms for k in range(first + 1, last))
+        pipe += sum(problem.link_ms(k, k + 1) for k in range(first, last))
+        depths.append(max(1, math.ceil(pipe / period - 1e-9)))
+    return depths
+
+
+def paces(problem: Problem) -> list[tuple[str, list[int]]]:
+    """(label, EngineConfig.pace) to try: twice and three times each device's forward-pipe depth, and
+    twice the deepest on every device (each won a row the others lost, below); no value twice."""
+    depths = forward_pipe_depths(problem)
+    out: dict[tuple[int, ...], str] = {}
+    for label, pace in (("pace 2x", [2 * x for x in depths]), ("pace 3x", [3 * x for x in depths]),
+                        ("pace 2x deepest", [2 * max(depths)] * len(depths))):
+        out.setdefault(tuple(pace), label)
+    return [(label, list(pace)) for pace, label in out.items()]
+
+
+# Pacing is a third pass, for the solver only, over the variants that fill with W's and keep no
+# later-chunk reserve ("fill", "tight"), which won every paced row. Its winners can be poor unpaced
+# (Gemma at 70%: 26th-41st of 288 attempts; Qwen2.5-7B: one that blocks), so no shortlist of the
+# first pass finds them. First plans of the solver's greedy on the 15 solvable rows of bench/models.py
+# with several stages per device: Gemma-2-9B-like V at 70% 3,333 -> 3,256 ms, at 40 GiB 3,094 ->
+# 3,049, Qwen2.5-7B interleaved at 70% 2,380 -> 2,360. Paced alone it lost on the other 12 rows and on
+# every row whose memory needs no offload or recompute, so it runs only where activations must be
+# offloaded or recomputed, after the unpaced passes.
+def paced_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]) -> list[Attempt]:
+    """Paced versions of the "fill", "tight" variants under every reducing treatment, pace by pace."""
+    reducing = [t for t in treats if t[1] is not None]
+    if problem.chunks == 1 or not reducing:
+        return []
+    variants = [(name, cfg) for name, cfg in engine_variants(problem)
+                if cfg.w_lag is None and not cfg.chunk_reserve]
+    return [Attempt(t[0], t[1], t[2], f"{name},{label}", replace(cfg, pace=pace))
+            for label, pace in paces(problem) for t in reducing for name, cfg in variants]
 
 
 def treatments(problem: Problem, pattern_fits: bool) -> list[tuple[str, Treat | None, bool]]:
