@@ -4,11 +4,15 @@ tries paced variants where memory makes activations be offloaded or recomputed."
 
 from __future__ import annotations
 
-import pytest
-from core_schedules import make_problem
+import math
 
+import pytest
+from core_schedules import make_problem, problem_doc
+
+from planner.baselines import greedy
 from planner.baselines.engine import EngineConfig, run_engine
 from planner.baselines.greedy import forward_pipe_depths, paced_tries, paces, treatments
+from planner.bounds import min_memory
 from planner.contract import Problem
 from planner.ops import Kind
 from planner.simulator import Schedule
@@ -63,3 +67,25 @@ def test_paced_variants_only_where_memory_needs_offload_or_recompute():
     assert paced_tries(unlimited, treatments(unlimited, False)) == []
     one_stage = make_problem(4, 16, offload=True, recompute=True, limit=300.0)
     assert paced_tries(one_stage, treatments(one_stage, False)) == []
+
+
+def tight_v_problem() -> Problem:
+    """V, P=4, M=16 at 1.3x the least memory each device needs: activations must be offloaded or
+    recomputed, and unpaced the devices fill up with first-chunk forwards."""
+    doc = problem_doc(p=4, m=16, chunks=2, placement="v", offload=True, recompute=True, p2p=0.1, b=1.3, w=0.7)
+    for s in doc["stages"]:
+        s["offload_ms"] = 1.0
+    need = min_memory(Problem.model_validate(doc))
+    for d, dev in enumerate(doc["devices"]):
+        dev["memory_limit_mib"] = 1.3 * need[d]
+    return Problem.model_validate(doc)
+
+
+def test_the_solvers_greedy_finds_a_paced_plan_the_unpaced_variants_miss():
+    problem = tight_v_problem()
+    unpaced = [greedy.run_try(problem, a) for a in greedy.greedy_tries(problem, treatments(problem, False))]
+    best_unpaced = min((o.makespan for o in unpaced if o is not None), default=math.inf)
+    inline = greedy.greedy_outcome(problem)
+    solver = greedy.greedy_outcome(problem, inline=False)
+    assert "pace" in solver.method and "pace" not in inline.method
+    assert solver.makespan < 0.7 * min(best_unpaced, inline.makespan), (solver.makespan, best_unpaced)

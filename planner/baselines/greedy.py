@@ -272,7 +272,7 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
     arrivals (`awaiting_tries`): as many runs again as inline, also for the solver, whose search
     needs the time more (all of them left none at P=16 under a memory limit: Qwen2.5-14B V at 70%
     stayed at its first plan, 5,362 ms, where the search had reached 5,338). The solver's run ends
-    with the paced variants (`paced_tries`).
+    with the paced variants (`paced_tries`) and their own awaiting pass.
     """
     best: Outcome | None = None
     pattern_fits = False
@@ -286,19 +286,33 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
     tries = greedy_tries(problem, treats)
     inline_count = inline_runs(problem)
     budget = inline_count if inline else len(tries)
-    late: list[tuple[float, Attempt]] = []  # (makespan, attempt) of the late-forward variants run
-    for runs, attempt in enumerate(tries[skip:], start=skip):
-        if (runs >= budget or not keep_going()) and best is not None:
-            break
+
+    def run(attempt: Attempt, late: list[tuple[float, Attempt]]) -> None:
+        """Keep the attempt's outcome if it is better; note a late-forward variant's makespan in
+        `late` (inf: it blocked, or was skipped as slower)."""
+        nonlocal best
         # variants whose own timing is clearly slower are skipped (OWN_TIMING_SLACK): speed only
         outcome = run_try(problem, attempt, slower_than=best)
         best = better(best, outcome, tolerance)
         if attempt.config.prefer_late_forward:
             late.append((outcome.makespan if outcome is not None else math.inf, attempt))
-    for attempt in awaiting_tries(late)[:inline_count] + ([] if inline else paced_tries(problem, treats)):
-        if not keep_going():
+
+    def run_all(attempts: list[Attempt], late: list[tuple[float, Attempt]]) -> None:
+        for attempt in attempts:
+            if not keep_going():
+                return
+            run(attempt, late)
+
+    late: list[tuple[float, Attempt]] = []
+    for runs, attempt in enumerate(tries[skip:], start=skip):
+        if (runs >= budget or not keep_going()) and best is not None:
             break
-        best = better(best, run_try(problem, attempt, slower_than=best), tolerance)
+        run(attempt, late)
+    run_all(awaiting_tries(late)[:inline_count], [])
+    if not inline:  # the solver's: the paced variants, then their own awaiting pass
+        paced_late: list[tuple[float, Attempt]] = []
+        run_all(paced_tries(problem, treats), paced_late)
+        run_all(awaiting_tries(paced_late)[:inline_count], [])
     if best is not None:
         return best
     return evaluate(problem, serialized_schedule(problem), "greedy(serialized)")
@@ -353,13 +367,14 @@ def paces(problem: Problem) -> list[tuple[str, list[int]]]:
 
 
 # Pacing is a third pass, for the solver only, over the variants that fill with W's and keep no
-# later-chunk reserve ("fill", "tight"), which won every paced row. Its winners can be poor unpaced
-# (Gemma at 70%: 26th-41st of 288 attempts; Qwen2.5-7B: one that blocks), so no shortlist of the
-# first pass finds them. First plans of the solver's greedy on the 15 solvable rows of bench/models.py
-# with several stages per device: Gemma-2-9B-like V at 70% 3,333 -> 3,256 ms, at 40 GiB 3,094 ->
-# 3,049, Qwen2.5-7B interleaved at 70% 2,380 -> 2,360. Paced alone it lost on the other 12 rows and on
-# every row whose memory needs no offload or recompute, so it runs only where activations must be
-# offloaded or recomputed, after the unpaced passes.
+# later-chunk reserve ("fill", "tight"), which won every paced row, then the awaiting pass over the
+# paced ones. Its winners can be poor unpaced (Gemma at 70%: 26th-41st of 288 attempts; Qwen2.5-7B:
+# one that blocks), so no shortlist of the first pass finds them. The solver's greedy on the 15
+# solvable rows of bench/models.py with several stages per device: Gemma-2-9B-like V at 70% 3,333 ->
+# 3,256 ms, at 40 GiB 3,094 -> 3,049, Qwen2.5-7B interleaved at 70% 2,380 -> 2,349, Qwen2.5-14B V at
+# 70% 5,362 -> 5,317. It won nothing on the other 11 rows (where it runs, it costs Nemotron-H
+# interleaved at P=16 10 s of the search's 60) and lost on every row whose memory needs no offload or
+# recompute, so it runs only where activations must be offloaded or recomputed.
 def paced_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]) -> list[Attempt]:
     """Paced versions of the "fill", "tight" variants under every reducing treatment, pace by pace."""
     reducing = [t for t in treats if t[1] is not None]
