@@ -61,7 +61,8 @@ def test_paced_variants_only_where_memory_needs_offload_or_recompute():
     v = make_problem(4, 16, chunks=2, placement="v", offload=True, recompute=True, limit=500.0)
     tries = paced_tries(v, treatments(v, False))
     assert tries and all(t.treat is not None and t.config.pace is not None for t in tries)
-    assert all(t.config.w_lag is None and not t.config.chunk_reserve for t in tries)
+    assert all(t.config.w_lag is None and not t.config.chunk_reserve and t.config.prefer_late_forward
+               for t in tries)
     assert len({(t.treat_name, t.name) for t in tries}) == len(tries)
     unlimited = make_problem(4, 16, chunks=2, placement="v", offload=True, recompute=True)
     assert paced_tries(unlimited, treatments(unlimited, False)) == []

@@ -366,22 +366,23 @@ def paces(problem: Problem) -> list[tuple[str, list[int]]]:
     return [(label, list(pace)) for pace, label in out.items()]
 
 
-# Pacing is a third pass, for the solver only, over the variants that fill with W's and keep no
-# later-chunk reserve ("fill", "tight"), which won every paced row, then the awaiting pass over the
-# paced ones. Its winners can be poor unpaced (Gemma at 70%: 26th-41st of 288 attempts; Qwen2.5-7B:
-# one that blocks), so no shortlist of the first pass finds them. The solver's greedy on the 15
-# solvable rows of bench/models.py with several stages per device: Gemma-2-9B-like V at 70% 3,333 ->
-# 3,256 ms, at 40 GiB 3,094 -> 3,049, Qwen2.5-7B interleaved at 70% 2,380 -> 2,349, Qwen2.5-14B V at
-# 70% 5,362 -> 5,317. It won nothing on the other 11 rows (where it runs, it costs Nemotron-H
-# interleaved at P=16 10 s of the search's 60) and lost on every row whose memory needs no offload or
-# recompute, so it runs only where activations must be offloaded or recomputed.
+# Pacing is a third pass, for the solver only, over the late-forward variants that fill with W's and
+# keep no later-chunk reserve ("fill,late,tight"), which won every paced row, then the awaiting pass
+# over the paced ones. Its winners can be poor unpaced (Gemma at 70%: 26th-41st of 288 attempts;
+# Qwen2.5-7B: one that blocks), so no shortlist of the first pass finds them. The solver's greedy on
+# the 15 solvable rows of bench/models.py with several stages per device: Gemma-2-9B-like V at 70%
+# 3,333 -> 3,256 ms, at 40 GiB 3,094 -> 3,049, Qwen2.5-7B interleaved at 70% 2,380 -> 2,349,
+# Qwen2.5-14B V at 70% 5,362 -> 5,317. It won nothing on the other 11 rows and lost on every row whose
+# memory needs no offload or recompute, so it runs only where activations must be offloaded or
+# recomputed. Its cost: the solver's greedy takes 21-22 s at P=16 instead of 14-15 (25-29 with the
+# variants that are not "late" paced too, which won nothing).
 def paced_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]) -> list[Attempt]:
-    """Paced versions of the "fill", "tight" variants under every reducing treatment, pace by pace."""
+    """Paced versions of the "fill,late,tight" variants under every reducing treatment, pace by pace."""
     reducing = [t for t in treats if t[1] is not None]
     if problem.chunks == 1 or not reducing:
         return []
     variants = [(name, cfg) for name, cfg in engine_variants(problem)
-                if cfg.w_lag is None and not cfg.chunk_reserve]
+                if cfg.w_lag is None and not cfg.chunk_reserve and cfg.prefer_late_forward]
     return [Attempt(t[0], t[1], t[2], f"{name},{label}", replace(cfg, pace=pace))
             for label, pace in paces(problem) for t in reducing for name, cfg in variants]
 
