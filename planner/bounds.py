@@ -117,26 +117,31 @@ def warmup_bound(problem: Problem) -> float:
     Qwen2.5-3B on 8 GPUs at 70% of 1F1B's memory: device 0 holds four activations, and a copy takes
     five forwards, so at most seven forwards fill the 155 ms before the first backward."""
     best = 0.0
-    opts = problem.options
     for d, k in _one_stage_limited(problem):
-        limit = problem.limit_of(d)
-        s = problem.stages[k]
-        head = forward_head(problem, k)
-        t_b = first_backward_start(problem, k)
-        cap = limit - problem.devices[d].static_mib
-        starts = [t for t in _slot_starts(problem, k, cap) if t < t_b]
-        if opts.recompute:  # a recompute's forward ran whole before it
-            useful = s.forward_ms * len(starts)
-        else:
-            useful = sum(min(s.forward_ms, t_b - t) for t in starts)
-        factor = min(1.0, (s.recompute_ms if s.recompute_ms is not None else s.forward_ms) / s.forward_ms) \
-            if opts.recompute else 1.0
-        waste = max(0.0, t_b - head - useful) * factor
-        m = problem.num_microbatches
-        work = m * problem.work_ms(d)
-        tail = 0.0 if opts.split_backward else backward_tail(problem, k)  # after its last BW
-        best = max(best, head + work + waste + tail)
+        work = problem.num_microbatches * problem.work_ms(d)
+        tail = 0.0 if problem.options.split_backward else backward_tail(problem, k)  # after its last BW
+        best = max(best, forward_head(problem, k) + work + warmup_waste(problem, d, k) + tail)
     return best
+
+
+def warmup_waste(problem: Problem, d: int, k: int) -> float:
+    """warmup_bound's idle for device d with its one stage k: time before the first backward that no
+    later work makes up (0.0 without a memory limit)."""
+    if problem.limit_of(d) == float("inf"):
+        return 0.0
+    opts = problem.options
+    s = problem.stages[k]
+    head = forward_head(problem, k)
+    t_b = first_backward_start(problem, k)
+    cap = problem.limit_of(d) - problem.devices[d].static_mib
+    starts = [t for t in _slot_starts(problem, k, cap) if t < t_b]
+    if opts.recompute:  # a recompute's forward ran whole before it
+        useful = s.forward_ms * len(starts)
+    else:
+        useful = sum(min(s.forward_ms, t_b - t) for t in starts)
+    factor = min(1.0, (s.recompute_ms if s.recompute_ms is not None else s.forward_ms) / s.forward_ms) \
+        if opts.recompute else 1.0
+    return max(0.0, t_b - head - useful) * factor
 
 
 def _least_split(kinds: list[tuple[float, float, float]], m: float, outside: float) -> float:

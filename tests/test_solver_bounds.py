@@ -129,3 +129,24 @@ def test_forwards_before_the_first_free_count_whole(blind_solve):
     result = blind_solve(problem, 20.0, engine="cpsat", deterministic=True)
     assert result.status == "optimal"
     assert count_lower_bound(problem) <= result.plan.makespan_ms + 1e-9
+
+
+def test_the_tail_counts_the_warm_up_idle_of_a_copy_bound_device(blind_solve):
+    """P=5, M=4, unit costs but stage 2 takes 1.2x; device 2 holds two activations and a copy takes
+    1.8 ms. Its first backward can start 5.2 ms after its first forward (at 2): memory and the copy
+    lane let four forwards start before then, busy 4.0 ms, so 1.2 ms idle (warmup_waste). Its last B
+    ends at >= 2 + 1.2 + 14.4 - 2.4 (two pending W's fit) = 15.2, then B1, B0, W0: 18.2, where the
+    tail without that idle and every other argument give 17.6. The blind optimum is 20.8."""
+    from planner.bounds import warmup_waste
+
+    doc = problem_doc(p=5, m=4, offload=True, offload_ms=1.5, offloadable_mib=100.0, weight_grad_mib=100.0)
+    heavy = doc["stages"][2]
+    for field in ("forward_ms", "backward_input_ms", "backward_weight_ms", "offload_ms"):
+        heavy[field] *= 1.2
+    doc["devices"][2]["memory_limit_mib"] = 200.0
+    problem = Problem.model_validate(doc)
+    assert warmup_waste(problem, 2, 2) == pytest.approx(1.2)
+    assert lower_bound(problem) == pytest.approx(17.6)
+    assert memory_lower_bound(problem) == pytest.approx(18.2)
+    result = blind_solve(problem, 20.0, engine="cpsat", deterministic=True)
+    assert result.status == "optimal" and result.plan.makespan_ms >= 18.2

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from ..bounds import backward_chain, first_backward_start, forward_head, round_trip
+from ..bounds import backward_chain, first_backward_start, forward_head, round_trip, warmup_waste
 from ..contract import Problem
 from .exclusion_bound import exclusion_lower_bound
 from .occupancy_bound import occupancy_lower_bound
@@ -102,7 +102,8 @@ def count_lower_bound(problem: Problem) -> float:
         disjoint = all(m * held[k] > cap for k in stages)
         best = max(best, work + (idle_head + idle_drain if disjoint else max(idle_head, idle_drain)))
         if split:
-            best = max(best, _tail_bound(problem, stages, cap, work, t_free, busy_before))
+            waste = warmup_waste(problem, d, stages[0]) if len(stages) == 1 else 0.0
+            best = max(best, _tail_bound(problem, stages, cap, work, t_free, busy_before, waste))
     return best
 
 
@@ -138,19 +139,21 @@ def _drain_idle(problem: Problem, stages: list[int], cap: float) -> float:
 
 
 def _tail_bound(problem: Problem, stages: list[int], cap: float, work: float, t_free: float,
-                busy_before: float) -> float:
+                busy_before: float, waste: float) -> float:
     """makespan >= T + chain, where T (the device's last backward-input end) is at least the work
     that cannot come after it: everything but the W's whose weight gradients fit in memory at T,
     whole ones (a pending W holds all of its own: Llama-3-70B on 16 GPUs at 72 GiB, 3 on the heavy
     device rather than 3.64, 51,016 -> 51,151 ms). Before min(t_free, earliest possible T) the
-    device is busy at most `busy_before`."""
+    device is busy at most `busy_before`, and before its first backward it idles at least `waste`
+    (planner.bounds.warmup_waste: on that device memory and the copy lane let at most 9 forwards
+    fill the 2,438 ms before it, 51,151 -> 51,376 ms)."""
     m = float(problem.num_microbatches)
     pending = [(problem.stages[k].backward_weight_ms, problem.stages[k].weight_grad_mib, m) for k in stages]
     after = _whole_knapsack(cap, pending)
     head = min(forward_head(problem, k) for k in stages)
     earliest_t = min(first_backward_start(problem, k) + problem.stages[k].backward_input_ms for k in stages)
     t_known = min(t_free, earliest_t)
-    last_b_end = max(head + work - after, t_known + work - after - min(t_known, busy_before))
+    last_b_end = max(head + waste + work - after, t_known + work - after - min(t_known, busy_before))
     chain = min(backward_chain(problem, k) for k in stages)
     return last_b_end + chain
 
