@@ -313,6 +313,7 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
         paced_late: list[tuple[float, Attempt]] = []
         run_all(paced_tries(problem, treats), paced_late)
         run_all(awaiting_tries(paced_late)[:inline_count], [])
+        run_all(busiest_tries(problem, treats), [])
     if best is not None:
         return best
     return evaluate(problem, serialized_schedule(problem), "greedy(serialized)")
@@ -385,6 +386,33 @@ def paced_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]) 
                 if cfg.w_lag is None and not cfg.chunk_reserve and cfg.prefer_late_forward]
     return [Attempt(t[0], t[1], t[2], f"{name},{label}", replace(cfg, pace=pace))
             for label, pace in paces(problem) for t in reducing for name, cfg in variants]
+
+
+# One heavier device in the middle of a chain (Llama-3-70B's 80 layers over 16 GPUs: device 10 has
+# 1.2x the others' work) idles under 1F1B's cap until its first backward comes back (1,068 ms there),
+# and everything waits on it. Raising its cap alone to twice 1F1B's fills that wait: the solver's
+# greedy 52,644 -> 52,521 ms, 52,416 at 60 s against 52,539. Raising the caps upstream as well, to
+# feed it, was slower (52,950-53,149). No other row of bench/models.py and none of bench/quality.py's
+# cases has such a device (where one stage is heavier it is the last, whose cap is 1 either way).
+def busiest_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]) -> list[Attempt]:
+    """The "1f1b" variants with the cap of a uniquely busiest device's stage doubled, under every
+    treatment (none for several stages per device, or when the busiest is not 5% above the rest)."""
+    if problem.chunks != 1 or problem.num_devices < 2:
+        return []
+    work = sorted(((problem.work_ms(d), d) for d in range(problem.num_devices)), reverse=True)
+    if work[0][0] < 1.05 * work[1][0]:
+        return []
+    k = problem.stages_of(work[0][1])[0]
+    if k == problem.num_stages - 1:
+        return []
+    doubled = 2 * (problem.num_stages - k) - 1
+    tries = []
+    for name, cfg in engine_variants(problem):
+        if name.startswith("1f1b") and cfg.cap is not None:
+            cap = [doubled if j == k else c for j, c in enumerate(cfg.cap)]
+            label = name.replace("1f1b", "1f1b, busiest 2x")
+            tries += [Attempt(t[0], t[1], t[2], label, replace(cfg, cap=cap)) for t in treats]
+    return tries
 
 
 def treatments(problem: Problem, pattern_fits: bool) -> list[tuple[str, Treat | None, bool]]:
