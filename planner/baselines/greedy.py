@@ -272,7 +272,8 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
     arrivals (`awaiting_tries`): as many runs again as inline, also for the solver, whose search
     needs the time more (all of them left none at P=16 under a memory limit: Qwen2.5-14B V at 70%
     stayed at its first plan, 5,362 ms, where the search had reached 5,338). The solver's run ends
-    with the paced variants (`paced_tries`) and their own awaiting pass.
+    with the paced variants (`paced_tries`), their own awaiting pass, and the busiest device's
+    doubled cap (`busiest_tries`).
     """
     best: Outcome | None = None
     pattern_fits = False
@@ -309,7 +310,7 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
             break
         run(attempt, late)
     run_all(awaiting_tries(late)[:inline_count], [])
-    if not inline:  # the solver's: the paced variants, then their own awaiting pass
+    if not inline:  # the solver's: the paced variants, their own awaiting pass, the busiest's cap
         paced_late: list[tuple[float, Attempt]] = []
         run_all(paced_tries(problem, treats), paced_late)
         run_all(awaiting_tries(paced_late)[:inline_count], [])
