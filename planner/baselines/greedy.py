@@ -19,7 +19,13 @@ from ..simulator import ScheduleError
 from .classic import serialized_schedule
 from .common import TIE_TOLERANCE, DoesNotFit, NotApplicable, Outcome, better, evaluate
 from .engine import EngineConfig, Treat, run_engine
-from .zero_bubble import zb_fill_1p_schedule, zb_fill_2p_schedule, zb_memory_fit_schedule, zb_v_schedule
+from .zero_bubble import (
+    zb_fill_1p_schedule,
+    zb_fill_2p_schedule,
+    zb_h2_warmup,
+    zb_memory_fit_schedule,
+    zb_v_schedule,
+)
 
 
 def min_lifetime(problem: Problem, k: int) -> float:
@@ -150,7 +156,7 @@ def engine_variants(problem: Problem) -> list[tuple[str, EngineConfig]]:
     split = problem.options.split_backward
     mem = [problem.limit_of(d) for d in range(problem.num_devices)] if problem.limited_devices() else None
     one_f_one_b = [s - k for k in range(s)]
-    twice = [2 * (s - k) - 1 for k in range(s)]
+    twice = zb_h2_warmup(problem)
     # several stages per device: midway between 1F1B's count over all S stages and one pass over
     # the P devices. A count cap keeps the warm-up from filling memory with early-chunk forwards
     # that starve the cool-down; "mem" alone does that, "2x" allows too many. First-plan gains
@@ -351,8 +357,7 @@ def forward_pipe_depths(problem: Problem) -> list[int]:
     depths = []
     for d in range(problem.num_devices):
         first, last = problem.stages_of(d)[0], problem.stages_of(d)[-1]
-        pipe = sum(problem.stages[k].forward_ms for k in range(first + 1, last))
-        pipe += sum(problem.link_ms(k, k + 1) for k in range(first, last))
+        pipe = forward_head(problem, last) - forward_head(problem, first) - problem.stages[first].forward_ms
         depths.append(max(1, math.ceil(pipe / period - 1e-9)))
     return depths
 
@@ -406,7 +411,7 @@ def busiest_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]
     k = problem.stages_of(work[0][1])[0]
     if k == problem.num_stages - 1:
         return []
-    doubled = 2 * (problem.num_stages - k) - 1
+    doubled = zb_h2_warmup(problem)[k]
     tries = []
     for name, cfg in engine_variants(problem):
         if name.startswith("1f1b") and cfg.cap is not None:

@@ -90,6 +90,12 @@ def zb_h1_orders(problem: Problem) -> Orders:
     return _lagged_orders(problem, ahead=[s - k for k in range(s)], lag=list(range(s)))
 
 
+def zb_h2_warmup(problem: Problem) -> list[int]:
+    """ZB-H2's forwards before the first B, per stage: 2(S-k)-1, twice 1F1B's count less one."""
+    s = problem.num_stages
+    return [2 * (s - k) - 1 for k in range(s)]
+
+
 def zb_h2_orders(problem: Problem) -> Orders:
     """ZB-H2 as published: stage k runs 2(S-k)-1 forwards before its first B (forwards fill the
     start-up bubble) and delays its W's by 2k microbatches (they fill the cool-down: the trapezoid
@@ -97,8 +103,8 @@ def zb_h2_orders(problem: Problem) -> Orders:
     """
     require_split(problem, "zb-h2")
     require_one_chunk(problem, "zb-h2")
-    s = problem.num_stages
-    return _lagged_orders(problem, ahead=[2 * (s - k) - 1 for k in range(s)], lag=[2 * k for k in range(s)])
+    lag = [2 * k for k in range(problem.num_stages)]
+    return _lagged_orders(problem, ahead=zb_h2_warmup(problem), lag=lag)
 
 
 def _lagged_orders(problem: Problem, ahead: list[int], lag: list[int]) -> Orders:
@@ -184,7 +190,7 @@ def zb_fill_2p_schedule(problem: Problem) -> Schedule:
     require_split(problem, "zb-fill")
     require_one_chunk(problem, "zb-fill")
     s = problem.num_stages
-    return _run(unit_twin(problem), EngineConfig(split=True, cap=[2 * (s - k) - 1 for k in range(s)],
+    return _run(unit_twin(problem), EngineConfig(split=True, cap=zb_h2_warmup(problem),
                                                  w_lag=[10**9] * s, w_tail=[2 * s] * s))
 
 
