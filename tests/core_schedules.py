@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.bounds import min_memory
 from planner.contract import Plan, Problem
 from planner.ops import Kind, Op
 from planner.simulator import DeviceOrder, Gate, Schedule, build_plan, simulate
@@ -44,6 +45,14 @@ def problem_doc(p: int = 2, m: int = 2, *, chunks: int = 1, placement: str = "lo
 def make_problem(*args: Any, **kw: Any) -> Problem:
     """`problem_doc(...)` validated; make_problem(4, 8) is P=4, M=8."""
     return Problem.model_validate(problem_doc(*args, **kw))
+
+
+def at_least_memory_times(doc: dict, shares: list[float]) -> Problem:
+    """`doc` validated with device d's memory limit at shares[d] x the least it needs (min_memory)."""
+    need = min_memory(Problem.model_validate(doc))
+    for d, dev in enumerate(doc["devices"]):
+        dev["memory_limit_mib"] = shares[d] * need[d]
+    return Problem.model_validate(doc)
 
 
 def _backward(problem: Problem, k: int, i: int) -> list[Op]:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import math
 
 import pytest
-from core_schedules import make_problem, problem_doc
+from core_schedules import at_least_memory_times, make_problem, problem_doc
 
 from planner.baselines import greedy
 from planner.baselines.engine import EngineConfig, run_engine
 from planner.baselines.greedy import forward_pipe_depths, paced_tries, paces, treatments
-from planner.bounds import min_memory
 from planner.contract import Problem
 from planner.ops import Kind
 from planner.simulator import Schedule
@@ -76,10 +75,7 @@ def tight_v_problem() -> Problem:
     doc = problem_doc(p=4, m=16, chunks=2, placement="v", offload=True, recompute=True, p2p=0.1, b=1.3, w=0.7)
     for s in doc["stages"]:
         s["offload_ms"] = 1.0
-    need = min_memory(Problem.model_validate(doc))
-    for d, dev in enumerate(doc["devices"]):
-        dev["memory_limit_mib"] = 1.3 * need[d]
-    return Problem.model_validate(doc)
+    return at_least_memory_times(doc, [1.3] * 4)
 
 
 def test_the_solvers_greedy_finds_a_paced_plan_the_unpaced_variants_miss():

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-from core_schedules import make_problem, problem_doc
+from core_schedules import at_least_memory_times, make_problem, problem_doc
 
 from planner.baselines import greedy
 from planner.baselines.greedy import busiest_tries, treatments
-from planner.bounds import min_memory
 from planner.contract import Problem
 
 
@@ -16,10 +15,7 @@ def heavy_middle(heavy: float = 1.5, stage: int = 1) -> Problem:
     doc = problem_doc(p=6, m=8, offload=True, recompute=True, offload_ms=1.5)
     for field in ("forward_ms", "backward_input_ms", "backward_weight_ms"):
         doc["stages"][stage][field] *= heavy
-    need = min_memory(Problem.model_validate(doc))
-    for d, dev in enumerate(doc["devices"]):
-        dev["memory_limit_mib"] = need[d] * (1.6 if d == stage else 3.2)
-    return Problem.model_validate(doc)
+    return at_least_memory_times(doc, [1.6 if d == stage else 3.2 for d in range(6)])
 
 
 def test_only_the_busiest_stage_gets_twice_one_f_one_b_cap():

@@ -4,7 +4,7 @@ offloaded."""
 
 from __future__ import annotations
 
-from core_schedules import problem_doc
+from core_schedules import at_least_memory_times, problem_doc
 
 from planner.baselines import best_heuristic
 from planner.baselines.greedy import (
@@ -15,7 +15,6 @@ from planner.baselines.greedy import (
     reducing_treatments,
     run_try,
 )
-from planner.bounds import min_memory
 from planner.contract import Problem
 from planner.validator import validate_plan
 
@@ -31,11 +30,7 @@ def head_heavy_v(m: int = 8) -> Problem:
     for s in doc["stages"]:
         s["offload_ms"] = 3.0 * s["forward_ms"]
         s["reload_ms"] = 3.0 * s["forward_ms"]
-    free = Problem.model_validate(doc)
-    need = min_memory(free)
-    for d, dev in enumerate(doc["devices"]):
-        dev["memory_limit_mib"] = need[d] * (1.05 if d == 0 else 2.0)
-    return Problem.model_validate(doc)
+    return at_least_memory_times(doc, [1.05, 2.0, 2.0, 2.0])
 
 
 def test_crowded_names_only_the_stage_beside_the_head():
