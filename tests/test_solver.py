@@ -216,7 +216,7 @@ def test_milp_with_offload_binaries_proves_the_cpsat_optimum():
 
 
 def test_big_problems_get_late_time_windows_of_bounded_size():
-    """Above PRESOLVE_PAIRS an LNS step is a time window in the schedule's later half holding about
+    """From LARGE_PAIRS pairs on, an LNS step is a time window in the schedule's later half holding about
     LARGE_WINDOW_OPS ops (smaller windows timed out before a first solution at P=32, M=128)."""
     starts = {Op(kind, k, i): 3 * (32 * i + k) + n for n, kind in enumerate((Kind.F, Kind.B, Kind.W))
               for k in range(32) for i in range(128)}

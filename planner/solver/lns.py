@@ -5,7 +5,7 @@ window, or whole (stage, microbatch) pairs around a time window, a window of mic
 of devices — and keeps every other op's choice and per-lane order (their times still move).
 CP-SAT re-optimizes that, hinted with the incumbent, for a few seconds; improvements stream through
 the incumbent. The neighbourhood grows when steps are solved to optimality without gain and shrinks
-when they time out. Above PRESOLVE_PAIRS pairs (at P=32, M=128 presolve alone took ~5 s) a step is
+when they time out. From LARGE_PAIRS pairs on (at P=32, M=128 presolve alone took ~5 s) a step is
 instead a fixed-size time window over every device in the schedule's later half, without presolve.
 """
 
@@ -23,8 +23,12 @@ from .cpsat_model import ModelOptions
 from .incumbent import Incumbent
 from .scaling import Scale
 
-PRESOLVE_PAIRS = 1024  # above this many pairs, presolve costs more than a step is worth
-# Above PRESOLVE_PAIRS a step is a time window over every device, of about this many ops, in the
+# From this many pairs on, presolve costs more than a step is worth. At P=16, M=64 (1,024 pairs)
+# a presolved step took about 12 s, so 60 s of Llama-3-70B on 16 GPUs at 72 GiB made 4 steps and
+# reached 52,432 ms from the greedy's 52,521; late windows made 6 steps, all improving: 52,227. On
+# 512 pairs (P=8, M=32 in V) the two were alike (Llama-3-8B V at half memory 6,477 against 6,486).
+LARGE_PAIRS = 1024
+# From LARGE_PAIRS on, a step is a time window over every device, of about this many ops, in the
 # later half of the schedule (where the makespan is decided; earlier ops keep their starts), with a
 # longer budget: loading the model alone takes seconds there, and a step that times out before its
 # first solution is wasted. Measured on het P=32, M=128, half memory, 3-ms copies: windows of
@@ -105,7 +109,7 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, deadline: float, stop: t
     # they timed out and the neighbourhood shrank; plain makespan steps did at least as well.
     options = ModelOptions()
     kinds = ["ops", "ops", "time", "microbatches", "devices"]
-    large = pairs > PRESOLVE_PAIRS
+    large = pairs >= LARGE_PAIRS
     state, state_ms = None, float("inf")
     base_s = LARGE_STEP_S if large else step_s
     overhead = 0.0  # seconds before a step's search starts (latest measurement)
@@ -135,7 +139,7 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, deadline: float, stop: t
                         options, free=free, method="cp-sat lns", base=state,
                         presolve=not large, free_ops=free_ops, fix_before=fix_before)
         steps += 1
-        # (not above PRESOLVE_PAIRS, measured with its own budget; not when deterministic: a budget
+        # (not from LARGE_PAIRS on, measured with its own budget; not when deterministic: a budget
         # from wall-clock time would make the steps depend on the machine's load)
         if not large and not deterministic and (out.first_s is not None or out.wall_s >= budget * 0.9):
             overhead = out.first_s if out.first_s is not None else out.wall_s
