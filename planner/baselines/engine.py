@@ -76,10 +76,12 @@ class _Failed(Exception):
     pass
 
 
-def run_engine(problem: Problem, cfg: EngineConfig) -> Schedule | None:
-    """Schedule every op; None when the engine blocks (memory it cannot free), so callers fall back."""
+def run_engine(problem: Problem, cfg: EngineConfig, give_up_after: float = math.inf) -> Schedule | None:
+    """Schedule every op; None when the engine blocks (memory it cannot free), so callers fall back,
+    or once it starts an op after `give_up_after` (ms): a caller that would drop any schedule whose
+    own timing ends later need not wait for the rest."""
     try:
-        return _Engine(problem, cfg).run()
+        return _Engine(problem, cfg).run(give_up_after)
     except _Failed:
         return None
 
@@ -485,7 +487,7 @@ class _Engine:
         return Choice(split=self.split, offload=how == "offload" and opts.offload,
                       recompute=how == "recompute" and opts.recompute)
 
-    def run(self) -> Schedule:
+    def run(self, give_up_after: float = math.inf) -> Schedule:
         D = self.p.num_devices
         heap = [(0.0, d) for d in range(D)]
         heapq.heapify(heap)
@@ -501,6 +503,8 @@ class _Engine:
                 self._fold(d, t)
             self._issue_reloads(d, t)
             when, started = self._choose(d, t)
+            if started and t > give_up_after:
+                raise _Failed(f"an op starts at {t:.1f} ms, after {give_up_after:.1f}")
             if started:
                 heapq.heappush(heap, (self.lane_free[d], d))
                 for other in self.wake:

@@ -439,11 +439,14 @@ def run_try(problem: Problem, attempt: Attempt, slower_than: Outcome | None = No
     engine's own timing if that breaks a limit. None when the engine blocks, nothing fits, or its own
     timing is clearly slower than `slower_than`."""
     treat_name, treat, eager, name, cfg = attempt
-    schedule = run_engine(problem, replace(cfg, treat=treat, reload_in_turn=True, reserve_after_copies=eager))
+    # an op starting after the horizon ends after it too, so the engine may stop there
+    horizon = slower_than.makespan * (1 + OWN_TIMING_SLACK) if slower_than is not None else math.inf
+    schedule = run_engine(problem, replace(cfg, treat=treat, reload_in_turn=True, reserve_after_copies=eager),
+                          give_up_after=horizon)
     if schedule is None:
         return None
     own = schedule.engine_timing  # type: ignore[attr-defined]
-    if slower_than is not None and own.makespan > slower_than.makespan * (1 + OWN_TIMING_SLACK):
+    if own.makespan > horizon:
         return None
     label = f"greedy({name}{', ' + treat_name if treat_name else ''})"
     for timing in (None, own):
