@@ -26,7 +26,8 @@ from .scaling import Scale
 # From this many pairs on, presolve costs more than a step is worth. At P=16, M=64 (1,024 pairs)
 # a presolved step took about 12 s, so 60 s of Llama-3-70B on 16 GPUs at 72 GiB made 4 steps and
 # reached 52,432 ms from the greedy's 52,521; late windows made 6 steps, all improving: 52,227. On
-# 512 pairs (P=8, M=32 in V) the two were alike (Llama-3-8B V at half memory 6,477 against 6,486).
+# 512 pairs (P=8, M=32 in V) late windows did not beat the presolved steps (Llama-3-8B V at half
+# memory 6,477 against 6,486 ms, one-off against the benchmark table's figure).
 LARGE_PAIRS = 1024
 # From LARGE_PAIRS on, a step is a time window over every device, of about this many ops, in the
 # later half of the schedule (where the makespan is decided; earlier ops keep their starts), with a
