@@ -70,6 +70,10 @@ class EngineConfig:
     # chunk's when they come round, which in a V is the LM head. Gemma-2-9B-like V on 8 GPUs at 70%
     # of 1F1B's memory, offloading every activation: 3,944 -> 3,256 ms (greedy.paced_tries).
     pace: list[int] | None = None
+    # A fixed compute order (F, B and W ops; a recompute is added before its backward) for some
+    # devices, which then run exactly that order, each op once it is ready and fits: a pattern no
+    # priority rule finds (greedy.exclusive_orders).
+    fixed: dict[int, list[Op]] | None = None
 
 
 class _Failed(Exception):
@@ -125,6 +129,7 @@ class _Engine:
         self.reload_span = [max(1, math.ceil(s.reload_ms / problem.work_ms(s.device) - 1e-9))
                             for s in problem.stages]
         self.wake: set[int] = set()
+        self.fixed_at = {d: 0 for d in (cfg.fixed or {})}  # next op of each fixed order
         # room a forward of stage k must leave so the same microbatch can still run its forward on
         # the device's later stages (else a V / looped device can fill up with early-chunk work)
         self.later_act = [max((problem.stages[j].activation_mib for j in self.stages_on[self.dev_of[k]]
@@ -367,6 +372,8 @@ class _Engine:
 
     def _choose(self, d: int, t: float) -> tuple[float, bool]:
         """Start one op on device d at time t if any is ready; else return the next time to look."""
+        if d in self.fixed_at:
+            return self._choose_fixed(d, t)
         nxt = math.inf
         # 1. backward (most advanced microbatch first: lowest mb, then latest stage)
         best = None
@@ -456,6 +463,56 @@ class _Engine:
         if self.mem_on:
             nxt = min(nxt, self._next_free_time(d, t))
         return nxt, False
+
+    def _choose_fixed(self, d: int, t: float) -> tuple[float, bool]:
+        """`_choose` for a device with a fixed order: its next op (after its recompute, if it has one)
+        once ready and fitting; else the next time to look."""
+        order = self.cfg.fixed[d]  # type: ignore[index]
+        n = self.fixed_at[d]
+        if n == len(order):
+            return math.inf, False
+        op = order[n]
+        k, i = op.stage, op.mb
+        done = {Kind.F: self.nf, Kind.B: self.nb, Kind.BW: self.nb, Kind.W: self.nw}[op.kind]
+        if done[k] != i:
+            raise _Failed(f"fixed order on device {d}: {op} out of turn")
+        wait = self._next_free_time(d, t) if self.mem_on else math.inf
+        s = self.p.stages[k]
+        if op.kind is Kind.F:
+            if (k, i) not in self.choice:
+                self.choice[(k, i)] = self._decide(k, i)
+            r = self._ready_f(k)
+            amount = s.checkpoint_mib if self.choice[(k, i)].recompute else s.activation_mib
+        elif op.kind is Kind.W:
+            r, amount = self._ready_w(k), 0.0
+        else:
+            rec = Op(Kind.RECOMPUTE, k, i)
+            if self.choice[(k, i)].recompute and rec not in self.times:
+                op, r = rec, self.recompute_ready.get((k, i))
+                r = None if r is None else max(r, self.times[Op(Kind.F, k, i)][1])
+                amount = s.activation_mib - s.checkpoint_mib
+            else:
+                r, amount = self._ready_b(k), 0.0
+        if r is None or r > t + TOL:
+            return min(wait, r if r is not None else math.inf), False
+        if not self._fits(d, t, amount):
+            return wait, False
+        if op.kind is Kind.F:
+            self._start_forward(d, k, t, self.last_free[d] if self.mem_on else None)
+        elif op.kind is Kind.RECOMPUTE:
+            self.pending_restore[d].pop((k, i), None)
+            self._place(d, op, t)
+            return t, True  # the backward is still next
+        else:
+            self._place(d, op, t)
+            if op.kind is Kind.W:
+                self.nw[k] += 1
+            else:
+                self.nb[k] += 1
+                self.pending_restore[d].pop((k, i), None)
+                self._fire(k, i, op)
+        self.fixed_at[d] = n + 1
+        return t, True
 
     def _urgent_arrival(self, d: int, k: int, t: float, until: float) -> float | None:
         """When a forward of stage k started at t would still run: the earliest known arrival in (t,

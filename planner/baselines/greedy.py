@@ -13,8 +13,9 @@ from dataclasses import replace
 from itertools import zip_longest
 from typing import NamedTuple
 
-from ..bounds import first_backward_start, forward_head
+from ..bounds import first_backward_start, forward_head, round_trip
 from ..contract import Plan, Problem
+from ..ops import Kind, Op
 from ..simulator import ScheduleError
 from .classic import serialized_schedule
 from .common import TIE_TOLERANCE, DoesNotFit, NotApplicable, Outcome, better, evaluate
@@ -321,6 +322,7 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
         run_all(paced_tries(problem, treats), paced_late)
         run_all(awaiting_tries(paced_late)[:inline_count], [])
         run_all(busiest_tries(problem, treats), [])
+        run_all(exclusive_tries(problem, treats), [])
     if best is not None:
         return best
     return evaluate(problem, serialized_schedule(problem), "greedy(serialized)")
@@ -419,6 +421,69 @@ def busiest_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]
             label = name.replace("1f1b", "1f1b, busiest 2x")
             tries += [Attempt(t[0], t[1], t[2], label, replace(cfg, cap=cap)) for t in treats]
     return tries
+
+
+# A device whose memory holds one activation at a time (Llama-3-8B on the 40/26-GiB cluster, device
+# 6: 9,983 MiB free, activations of 6,496) can keep a microbatch only if nothing else holds memory
+# until its backward; what fits beside it are checkpoints. So the round trip of a kept microbatch is
+# best filled with the forwards of q recomputed ones, whose recompute, backward and W follow its
+# own, one at a time (bounds.exclusive_bound's argument: q = 2 where the trip is 2.1 forwards). No
+# priority rule finds that order: the list scheduler recomputed everything there (8,192 ms) and the
+# search reached 7,789-7,917 from it; the fixed order gives 7,651, against a bound of 7,574.
+def exclusive_orders(problem: Problem) -> list[tuple[str, dict[int, list[Op]], set[tuple[int, int]]]]:
+    """(label, fixed orders, recomputed pairs) for the one-stage devices, not the last, whose memory
+    holds one activation at a time, where recompute is allowed: groups of one kept microbatch and q
+    recomputed ones (forwards, then each backward and W), q from the trip in forwards."""
+    opts = problem.options
+    if problem.chunks != 1 or not (opts.recompute and opts.split_backward):
+        return []
+    devices = []
+    for d in problem.limited_devices():
+        k = problem.stages_of(d)[0]
+        s = problem.stages[k]
+        free = problem.limit_of(d) - problem.devices[d].static_mib
+        if k + 1 < problem.num_stages and 2 * (s.activation_mib - s.checkpoint_mib) > free:
+            devices.append((d, k))
+    if not devices:
+        return []
+    m = problem.num_microbatches
+    out = []
+    fits = {min(max(1, math.floor(round_trip(problem, k) / problem.stages[k].forward_ms)), m - 1)
+            for _, k in devices}
+    for q in sorted(fits | {q + 1 for q in fits}):
+        fixed: dict[int, list[Op]] = {}
+        recomputed: set[tuple[int, int]] = set()
+        for d, k in devices:
+            ops = []
+            for first in range(0, m, q + 1):
+                group = range(first, min(m, first + q + 1))
+                recomputed |= {(k, i) for i in group if i != first}
+                ops += [Op(Kind.F, k, i) for i in group]
+                ops += [op for i in group for op in (Op(Kind.B, k, i), Op(Kind.W, k, i))]
+            fixed[d] = ops
+        out.append((f"exclusive q={q}", fixed, recomputed))
+    return out
+
+
+def exclusive_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]) -> list[Attempt]:
+    """Every engine variant under every treatment with the exclusive devices' fixed orders
+    (`exclusive_orders`), their stages kept or recomputed as the orders say."""
+    tries = []
+    for label, fixed, recomputed in exclusive_orders(problem):
+        stages = {op.stage for ops in fixed.values() for op in ops}
+        for name, cfg in engine_variants(problem):
+            tries += [Attempt(t[0], _fixed_treat(t[1], stages, recomputed), t[2], f"{name},{label}",
+                              replace(cfg, fixed=fixed)) for t in treats]
+    return tries
+
+
+def _fixed_treat(base: Treat | None, stages: set[int], recomputed: set[tuple[int, int]]) -> Treat:
+    """`base`, except on the stages of fixed orders: recomputed where the orders say, else kept."""
+    def treat(k: int, i: int) -> str | None:
+        if k in stages:
+            return "recompute" if (k, i) in recomputed else None
+        return base(k, i) if base is not None else None
+    return treat
 
 
 def treatments(problem: Problem, pattern_fits: bool) -> list[tuple[str, Treat | None, bool]]:
