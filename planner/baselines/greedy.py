@@ -279,8 +279,8 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
     arrivals (`awaiting_tries`): as many runs again as inline, also for the solver, whose search
     needs the time more (all of them left none at P=16 under a memory limit: Qwen2.5-14B V at 70%
     stayed at its first plan, 5,362 ms, where the search had reached 5,338). The solver's run ends
-    with the paced variants (`paced_tries`), their own awaiting pass, and the busiest device's
-    doubled cap (`busiest_tries`).
+    with the paced variants (`paced_tries`), their own awaiting pass, the busiest device's doubled
+    cap (`busiest_tries`) and the fixed orders of devices that hold one activation (`exclusive_tries`).
     """
     best: Outcome | None = None
     pattern_fits = False
@@ -317,7 +317,7 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
             break
         run(attempt, late)
     run_all(awaiting_tries(late)[:inline_count], [])
-    if not inline:  # the solver's: the paced variants, their own awaiting pass, the busiest's cap
+    if not inline:  # the solver's: paced variants, their awaiting pass, the busiest's cap, fixed orders
         paced_late: list[tuple[float, Attempt]] = []
         run_all(paced_tries(problem, treats), paced_late)
         run_all(awaiting_tries(paced_late)[:inline_count], [])
