@@ -250,7 +250,42 @@ class _Engine:
             return None
         return self.times[Op(Kind.B, k, self.nw[k])][1]
 
+    def _ready_recompute(self, k: int) -> float | None:
+        """When the recompute before stage k's next backward may start (its trigger fired and its
+        forward ended); None when it has no recompute, it has run, or its trigger has not fired."""
+        i = self.nb[k]
+        if i >= self.nf[k] or (k, i) not in self.recompute_ready or Op(Kind.RECOMPUTE, k, i) in self.times:
+            return None
+        return max(self.recompute_ready[(k, i)], self.times[Op(Kind.F, k, i)][1])
+
+    def _recompute_mib(self, k: int) -> float:
+        s = self.p.stages[k]
+        return s.activation_mib - s.checkpoint_mib
+
+    def _choice_of(self, k: int, i: int) -> Choice:
+        """(k, i)'s treatment, decided when its forward is first considered."""
+        if (k, i) not in self.choice:
+            self.choice[(k, i)] = self._decide(k, i)
+        return self.choice[(k, i)]
+
     # -- scheduling ------------------------------------------------------------------------------
+    def _start_backward(self, d: int, k: int, t: float) -> None:
+        i = self.nb[k]
+        op = self._bwd(k, i)
+        self._place(d, op, t)
+        self.nb[k] += 1
+        self.pending_restore[d].pop((k, i), None)
+        self._fire(k, i, op)
+
+    def _start_recompute(self, d: int, k: int, t: float) -> None:
+        i = self.nb[k]
+        self.pending_restore[d].pop((k, i), None)
+        self._place(d, Op(Kind.RECOMPUTE, k, i), t)
+
+    def _start_w(self, d: int, k: int, t: float) -> None:
+        self._place(d, Op(Kind.W, k, self.nw[k]), t)
+        self.nw[k] += 1
+
     def _place(self, d: int, op: Op, start: float) -> float:
         k = op.stage
         if op.kind is Kind.F and k + 1 < self.S:
@@ -388,27 +423,18 @@ class _Engine:
             else:
                 nxt = min(nxt, r)
         if best is not None:
-            k = best[1]
-            i = self.nb[k]
-            op = self._bwd(k, i)
-            self._place(d, op, t)
-            self.nb[k] += 1
-            self.pending_restore[d].pop((k, i), None)
-            self._fire(k, i, op)
+            self._start_backward(d, best[1], t)
             return t, True
         # 2. recompute for a backward that is on its way
         for k in self.stages_on[d]:
-            i = self.nb[k]
-            if i < self.nf[k] and (k, i) in self.recompute_ready and Op(Kind.RECOMPUTE, k, i) not in self.times:
-                r = max(self.recompute_ready[(k, i)], self.times[Op(Kind.F, k, i)][1])
-                s = self.p.stages[k]
-                if r > t + TOL:
-                    nxt = min(nxt, r)
-                    continue
-                if not self._fits(d, t, s.activation_mib - s.checkpoint_mib):
-                    continue
-                self.pending_restore[d].pop((k, i), None)
-                self._place(d, Op(Kind.RECOMPUTE, k, i), t)
+            r = self._ready_recompute(k)
+            if r is None:
+                continue
+            if r > t + TOL:
+                nxt = min(nxt, r)
+                continue
+            if self._fits(d, t, self._recompute_mib(k)):
+                self._start_recompute(d, k, t)
                 return t, True
         # 3. a weight gradient that has waited long enough (bounds the memory W-deferral holds)
         if self.cfg.w_lag is not None:
@@ -416,8 +442,7 @@ class _Engine:
                 r = self._ready_w(k)
                 if r is not None and r <= t + TOL and (self.nb[k] - self.nw[k] >= self.cfg.w_lag[k]
                                                        or self.nw[k] < self.M - self._tail(k)):
-                    self._place(d, Op(Kind.W, k, self.nw[k]), t)
-                    self.nw[k] += 1
+                    self._start_w(d, k, t)
                     return t, True
         # 4. forward, within the stage's cap and the device's memory (keeping room for one restore)
         for k in self.f_order[d]:
@@ -429,10 +454,7 @@ class _Engine:
             if r > t + TOL:
                 nxt = min(nxt, r)
                 continue
-            i = self.nf[k]
-            if (k, i) not in self.choice:
-                self.choice[(k, i)] = self._decide(k, i)
-            ch = self.choice[(k, i)]
+            ch = self._choice_of(k, self.nf[k])
             s = self.p.stages[k]
             alloc = s.checkpoint_mib if ch.recompute else s.activation_mib
             # The last stage's forward needs no reserve: its own B follows with no restore in between,
@@ -455,9 +477,7 @@ class _Engine:
             if r is None:
                 continue
             if r <= t + TOL:
-                op = Op(Kind.W, k, self.nw[k])
-                self._place(d, op, t)
-                self.nw[k] += 1
+                self._start_w(d, k, t)
                 return t, True
             nxt = min(nxt, r)
         if self.mem_on:
@@ -473,44 +493,34 @@ class _Engine:
             return math.inf, False
         op = order[n]
         k, i = op.stage, op.mb
-        done = {Kind.F: self.nf, Kind.B: self.nb, Kind.BW: self.nb, Kind.W: self.nw}[op.kind]
+        done = self.nf if op.kind is Kind.F else self.nw if op.kind is Kind.W else self.nb
         if done[k] != i:
             raise _Failed(f"fixed order on device {d}: {op} out of turn")
-        wait = self._next_free_time(d, t) if self.mem_on else math.inf
-        s = self.p.stages[k]
+        recompute_first = op.kind in (Kind.B, Kind.BW) and self._ready_recompute(k) is not None
         if op.kind is Kind.F:
-            if (k, i) not in self.choice:
-                self.choice[(k, i)] = self._decide(k, i)
+            s = self.p.stages[k]
             r = self._ready_f(k)
-            amount = s.checkpoint_mib if self.choice[(k, i)].recompute else s.activation_mib
+            amount = s.checkpoint_mib if self._choice_of(k, i).recompute else s.activation_mib
         elif op.kind is Kind.W:
             r, amount = self._ready_w(k), 0.0
+        elif recompute_first:
+            r, amount = self._ready_recompute(k), self._recompute_mib(k)
         else:
-            rec = Op(Kind.RECOMPUTE, k, i)
-            if self.choice[(k, i)].recompute and rec not in self.times:
-                op, r = rec, self.recompute_ready.get((k, i))
-                r = None if r is None else max(r, self.times[Op(Kind.F, k, i)][1])
-                amount = s.activation_mib - s.checkpoint_mib
-            else:
-                r, amount = self._ready_b(k), 0.0
+            r, amount = self._ready_b(k), 0.0
+        wait = self._next_free_time(d, t) if self.mem_on else math.inf
         if r is None or r > t + TOL:
             return min(wait, r if r is not None else math.inf), False
         if not self._fits(d, t, amount):
             return wait, False
         if op.kind is Kind.F:
             self._start_forward(d, k, t, self.last_free[d] if self.mem_on else None)
-        elif op.kind is Kind.RECOMPUTE:
-            self.pending_restore[d].pop((k, i), None)
-            self._place(d, op, t)
+        elif op.kind is Kind.W:
+            self._start_w(d, k, t)
+        elif recompute_first:
+            self._start_recompute(d, k, t)
             return t, True  # the backward is still next
         else:
-            self._place(d, op, t)
-            if op.kind is Kind.W:
-                self.nw[k] += 1
-            else:
-                self.nb[k] += 1
-                self.pending_restore[d].pop((k, i), None)
-                self._fire(k, i, op)
+            self._start_backward(d, k, t)
         self.fixed_at[d] = n + 1
         return t, True
 
