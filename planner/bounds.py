@@ -101,7 +101,7 @@ def _slot_starts(problem: Problem, k: int, cap: float) -> list[float]:
     return starts
 
 
-def _one_stage_limited(problem: Problem) -> list[tuple[int, int]]:
+def one_stage_limited(problem: Problem) -> list[tuple[int, int]]:
     """(device, its stage) for every device with a memory limit and one stage."""
     return [(d, problem.stages_of(d)[0]) for d in problem.limited_devices() if len(problem.stages_of(d)) == 1]
 
@@ -117,7 +117,7 @@ def warmup_bound(problem: Problem) -> float:
     Qwen2.5-3B on 8 GPUs at 70% of 1F1B's memory: device 0 holds four activations, and a copy takes
     five forwards, so at most seven forwards fill the 155 ms before the first backward."""
     best = 0.0
-    for d, k in _one_stage_limited(problem):
+    for d, k in one_stage_limited(problem):
         work = problem.num_microbatches * problem.work_ms(d)
         tail = 0.0 if problem.options.split_backward else backward_tail(problem, k)  # after its last BW
         best = max(best, forward_head(problem, k) + work + warmup_waste(problem, d, k) + tail)
@@ -187,7 +187,7 @@ def exclusive_bound(problem: Problem) -> float:
     best = 0.0
     opts = problem.options
     m = float(problem.num_microbatches)
-    for d, k in _one_stage_limited(problem):
+    for d, k in one_stage_limited(problem):
         limit = problem.limit_of(d)
         if k + 1 == problem.num_stages:
             continue  # the last stage's backward follows its forward: no round trip to fill

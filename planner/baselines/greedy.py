@@ -13,7 +13,7 @@ from dataclasses import replace
 from itertools import zip_longest
 from typing import NamedTuple
 
-from ..bounds import first_backward_start, forward_head, round_trip
+from ..bounds import first_backward_start, forward_head, one_stage_limited, round_trip
 from ..contract import Plan, Problem
 from ..ops import Kind, Op
 from ..simulator import ScheduleError
@@ -437,13 +437,12 @@ def exclusive_orders(problem: Problem) -> list[tuple[str, dict[int, list[Op]], s
     opts = problem.options
     if problem.chunks != 1 or not (opts.recompute and opts.split_backward):
         return []
-    devices = []
-    for d in problem.limited_devices():
-        k = problem.stages_of(d)[0]
+    def one_at_a_time(d: int, k: int) -> bool:
         s = problem.stages[k]
-        free = problem.limit_of(d) - problem.devices[d].static_mib
-        if k + 1 < problem.num_stages and 2 * (s.activation_mib - s.checkpoint_mib) > free:
-            devices.append((d, k))
+        return 2 * (s.activation_mib - s.checkpoint_mib) > problem.limit_of(d) - problem.devices[d].static_mib
+
+    devices = [(d, k) for d, k in one_stage_limited(problem)
+               if k + 1 < problem.num_stages and one_at_a_time(d, k)]
     if not devices:
         return []
     m = problem.num_microbatches
@@ -469,9 +468,10 @@ def exclusive_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool
     """Every engine variant under every treatment with the exclusive devices' fixed orders
     (`exclusive_orders`), their stages kept or recomputed as the orders say."""
     tries = []
+    variants = engine_variants(problem)
     for label, fixed, recomputed in exclusive_orders(problem):
         stages = {op.stage for ops in fixed.values() for op in ops}
-        for name, cfg in engine_variants(problem):
+        for name, cfg in variants:
             tries += [Attempt(t[0], _fixed_treat(t[1], stages, recomputed), t[2], f"{name},{label}",
                               replace(cfg, fixed=fixed)) for t in treats]
     return tries
