@@ -109,13 +109,18 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, seconds: float, stop: th
         starts = {op: s - t0 for op, s in starts.items()}
     lower = int(combined_lower_bound(problem) * scale.time_scale - 1e-6) if scale.time_exact else 0
     vals = None
-    built = CpsatModel(problem, scale, _horizon(problem, scale, starts, work), lower, options)
+    # a step's pairs outside `free` keep their modes: built without the others' variables
+    kept = None
+    if free is not None and choices:
+        kept = {pair: ch for pair, ch in choices.items() if pair not in free}
+    built = CpsatModel(problem, scale, _horizon(problem, scale, starts, work), lower, options, kept)
     if starts is not None:
         vals = built.assignment(starts, choices)
         if vals is not None:
             built.hint(vals)
         if free is not None:
             built.fix_outside(free, starts, choices, free_ops, fix_before)
+    built.tighten()
     hint_ok = None
     if check_hint and vals is not None:
         hint_ok = hint_is_feasible(built, seconds=min(10.0, seconds))

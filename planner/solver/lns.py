@@ -43,7 +43,9 @@ LARGE_STEP_S = 6.0
 # times its base budget (a step that finds not even the hint counts as all overhead). Measured on
 # Llama-3-8B V at half memory (16 stages, M=32): presolve took 1.2-1.7 s of every 3-s step; from
 # the greedy seed, 40 s of LNS reached 6643/6647 ms with 3-s steps, 6603/6591 with 6-s steps, 6614
-# with 10-s steps (1.5-s steps without presolve: 6701).
+# with 10-s steps (1.5-s steps without presolve: 6701). Since step models carry only the kept pairs'
+# modes and start with tightened windows (cpsat_model), a DeepSeek-like V step searches from 0.3 s
+# instead of 0.7 s, so the factor lengthens fewer steps: that row made 17 steps in 60 s, not 15.
 OVERHEAD_FACTOR = 4.0
 MAX_STEP_FACTOR = 4.0
 
