@@ -10,7 +10,7 @@ from ortools.sat.python import cp_model
 from planner.baselines import best_heuristic
 from planner.solver import cpsat
 from planner.solver.convert import ticks_of_plan
-from planner.solver.cpsat_model import CpsatModel
+from planner.solver.cpsat_model import CpsatModel, ModelOptions
 from planner.solver.scaling import scale_for
 
 
@@ -42,7 +42,7 @@ def test_kept_pairs_get_only_their_mode_and_the_hint_stays_feasible():
     values = built.assignment(starts, choices)
     assert values is not None
     built.hint(values)
-    built.fix_outside(free, starts, choices)
+    built.fix_outside(free, starts)
     assert cpsat.hint_is_feasible(built, seconds=3.0)
     # a solution reads back every kept pair's mode
     solver = cp_model.CpSolver()
@@ -59,7 +59,7 @@ def test_a_kept_mode_the_model_does_not_offer_leaves_the_pair_free():
     scale = scale_for(problem)
     starts, choices = ticks_of_plan(problem, best_heuristic(problem), scale)
     pair = next(p for p, ch in choices.items() if ch.offload or ch.recompute)
-    no_copies = cpsat.ModelOptions(offload=False, recompute=False)
+    no_copies = ModelOptions(offload=False, recompute=False)
     built = CpsatModel(problem, scale, max(starts.values()) + 100, options=no_copies, fixed=dict(choices))
     assert built.v[pair].fixed is None
     assert built.assignment(starts, choices) is None  # the hint is refused, as without `fixed`

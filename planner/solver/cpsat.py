@@ -119,7 +119,7 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, seconds: float, stop: th
         if vals is not None:
             built.hint(vals)
         if free is not None:
-            built.fix_outside(free, starts, choices, free_ops, fix_before)
+            built.fix_outside(free, starts, free_ops, fix_before)
     built.tighten()
     hint_ok = None
     if check_hint and vals is not None:

@@ -94,7 +94,6 @@ class CpsatModel:
         self.lanes: dict[tuple[int, str], list] = {}
         self.mem: dict[int, list[tuple[object, int]]] = {d: [] for d in range(problem.num_devices)}
         self.edges: list[tuple[int, int, int]] = []  # (before, lag, after) variable indices
-        self.pinned: dict[int, int] = {}  # variable index -> the start a step keeps
         m = self.model
         fixed = fixed or {}
         for k in range(S):
@@ -162,60 +161,51 @@ class CpsatModel:
             pv.w = m.new_int_var(0, h, f"w{name}")
             self._lane(d, "c", m.new_fixed_size_interval_var(pv.w, self.dW[k], f"W{name}"))
             self._precede(b, self.dB[k], pv.w)
-        if fixed is not None:
-            self._fixed_mode(k, name, pv, fixed)
-        else:
-            self._free_modes(k, name, pv)
+        self._modes(k, name, pv)
         if self.finite[d]:
             self._memory(k, i, pv)
 
-    def _free_modes(self, k: int, name: str, pv: PairVars) -> None:
-        """The optional copy pair and recompute, each on its literal (at most one of them)."""
+    def _modes(self, k: int, name: str, pv: PairVars) -> None:
+        """The copy pair and the recompute the pair may take, each on its own literal (at most one
+        of them); for a kept mode (`pv.fixed`) only that one, always present."""
         m, h, d = self.model, self.h, self.p.stages[k].device
-        f, b = pv.f, pv.b
-        modes = []
-        if self.can_off[k]:
-            pv.off = m.new_bool_var(f"off{name}")
+        fixed, f, b = pv.fixed, pv.f, pv.b
+        if self.can_off[k] and (fixed is None or fixed.offload):
+            pv.off = m.new_bool_var(f"off{name}") if fixed is None else None
             pv.o = m.new_int_var(0, h, f"o{name}")
             pv.r = m.new_int_var(0, h, f"r{name}")
-            self._lane(d, "d2h", m.new_optional_fixed_size_interval_var(pv.o, self.dO[k], pv.off, f"O{name}"))
-            self._lane(d, "h2d", m.new_optional_fixed_size_interval_var(pv.r, self.dR[k], pv.off, f"R{name}"))
+            self._lane(d, "d2h", self._interval(pv.o, self.dO[k], pv.off, f"O{name}"))
+            self._lane(d, "h2d", self._interval(pv.r, self.dR[k], pv.off, f"R{name}"))
             self._precede(f, self.dF[k], pv.o)
             self._precede(pv.o, self.dO[k], pv.r)
-            m.add(b >= pv.r + self.dR[k]).only_enforce_if(pv.off)
-            m.add(pv.o == f + self.dF[k]).only_enforce_if(~pv.off)
-            m.add(pv.r == pv.o + self.dO[k]).only_enforce_if(~pv.off)
-            modes.append(pv.off)
-        if self.can_rc[k]:
-            pv.rc = m.new_bool_var(f"rc{name}")
+            if pv.off is None:
+                self._precede(pv.r, self.dR[k], b)
+            else:
+                m.add(b >= pv.r + self.dR[k]).only_enforce_if(pv.off)
+                m.add(pv.o == f + self.dF[k]).only_enforce_if(~pv.off)
+                m.add(pv.r == pv.o + self.dO[k]).only_enforce_if(~pv.off)
+        if self.can_rc[k] and (fixed is None or fixed.recompute):
+            pv.rc = m.new_bool_var(f"rc{name}") if fixed is None else None
             pv.c = m.new_int_var(0, h, f"c{name}")
-            self._lane(d, "c", m.new_optional_fixed_size_interval_var(pv.c, self.dC[k], pv.rc, f"C{name}"))
+            self._lane(d, "c", self._interval(pv.c, self.dC[k], pv.rc, f"C{name}"))
             self._precede(f, self.dF[k], pv.c)
-            m.add(b >= pv.c + self.dC[k]).only_enforce_if(pv.rc)
-            m.add(pv.c == f + self.dF[k]).only_enforce_if(~pv.rc)
-            modes.append(pv.rc)
-        if len(modes) == 2:
+            if pv.rc is None:
+                self._precede(pv.c, self.dC[k], b)
+            else:
+                m.add(b >= pv.c + self.dC[k]).only_enforce_if(pv.rc)
+                m.add(pv.c == f + self.dF[k]).only_enforce_if(~pv.rc)
+        literals = [lit for lit in (pv.off, pv.rc) if lit is not None]
+        if len(literals) == 2:
             pv.plain = m.new_bool_var(f"plain{name}")
             m.add(pv.plain + pv.off + pv.rc == 1)
-        elif len(modes) == 1:
-            pv.plain = ~modes[0]
+        elif len(literals) == 1:
+            pv.plain = ~literals[0]
 
-    def _fixed_mode(self, k: int, name: str, pv: PairVars, fixed: Choice) -> None:
-        """Only the kept mode's copies or recompute, always present."""
-        m, h, d = self.model, self.h, self.p.stages[k].device
-        if fixed.offload:
-            pv.o = m.new_int_var(0, h, f"o{name}")
-            pv.r = m.new_int_var(0, h, f"r{name}")
-            self._lane(d, "d2h", m.new_fixed_size_interval_var(pv.o, self.dO[k], f"O{name}"))
-            self._lane(d, "h2d", m.new_fixed_size_interval_var(pv.r, self.dR[k], f"R{name}"))
-            self._precede(pv.f, self.dF[k], pv.o)
-            self._precede(pv.o, self.dO[k], pv.r)
-            self._precede(pv.r, self.dR[k], pv.b)
-        if fixed.recompute:
-            pv.c = m.new_int_var(0, h, f"c{name}")
-            self._lane(d, "c", m.new_fixed_size_interval_var(pv.c, self.dC[k], f"C{name}"))
-            self._precede(pv.f, self.dF[k], pv.c)
-            self._precede(pv.c, self.dC[k], pv.b)
+    def _interval(self, start: cp_model.IntVar, size: int, present, name: str):
+        """A fixed-size interval, optional on `present` unless that is None."""
+        if present is None:
+            return self.model.new_fixed_size_interval_var(start, size, name)
+        return self.model.new_optional_fixed_size_interval_var(start, size, present, name)
 
     def _pieces(self, k: int, pv: PairVars) -> list[tuple[object, object, int, object]]:
         """(start, end, demand, presence) pieces whose sum is (k, i)'s live activation memory.
@@ -310,23 +300,13 @@ class CpsatModel:
         for var, value in vals.items():
             self.model.add_hint(var, int(value))
 
-    def fix_outside(self, free: set[tuple[int, int]], starts: dict[Op, int],
-                    choices: dict[tuple[int, int], Choice], free_ops: set[Op] | None = None,
+    def fix_outside(self, free: set[tuple[int, int]], starts: dict[Op, int], free_ops: set[Op] | None = None,
                     fix_before: int | None = None) -> None:
-        """Large-neighbourhood step: pairs outside `free` keep their choices (pass them as the
-        constructor's `fixed`; any left free here are fixed to `choices`); ops keep, per lane,
-        their relative order (only their times move) unless free: every op of a free pair, or with
-        `free_ops`, just those ops (plus the copies and recomputes of free pairs). Fixed ops that
-        start before `fix_before` keep their exact start (they cannot help; fewer variables move)."""
-        m = self.model
-        for (k, i), pv in self.v.items():
-            if (k, i) in free or pv.fixed is not None:
-                continue
-            ch = choices[(k, i)]
-            if pv.off is not None:
-                m.add(pv.off == int(ch.offload))
-            if pv.rc is not None:
-                m.add(pv.rc == int(ch.recompute))
+        """Large-neighbourhood step (the pairs outside `free` keep their modes through the
+        constructor's `fixed`): ops keep, per lane, their relative order (only their times move)
+        unless free: every op of a free pair, or with `free_ops`, just those ops (plus the copies and
+        recomputes of free pairs). Fixed ops that start before `fix_before` keep their exact start
+        (they cannot help; fewer variables move)."""
         lanes: dict[tuple[int, str], list[tuple[int, object, int]]] = {}
         optional = (Kind.OFFLOAD, Kind.RELOAD, Kind.RECOMPUTE)
         for op, s in starts.items():
@@ -336,8 +316,8 @@ class CpsatModel:
                 continue
             var = self.start_vars(op.stage, op.mb)[op.kind]
             if fix_before is not None and s < fix_before:
-                m.add(var == s)
-                self.pinned[var.index] = s
+                domain = self.model.proto.variables[var.index].domain
+                domain[0], domain[1] = s, s  # tighten reads it from there
             lane = "d2h" if op.kind is Kind.OFFLOAD else "h2d" if op.kind is Kind.RELOAD else "c"
             lanes.setdefault((self.p.stages[op.stage].device, lane), []).append((s, var, self._dur(op)))
         for seq in lanes.values():
@@ -347,9 +327,10 @@ class CpsatModel:
 
     def tighten(self) -> bool:
         """Narrow every start to [earliest, latest] along the model's precedences (longest paths
-        from its pinned starts and lower bounds, and back from the horizon). Presolve finds the same
-        bounds, but one propagation loop at a time along the lane chains a step keeps: 216 loops,
-        0.6 s of a DeepSeek-like V step's 1-s presolve. False (nothing changed) if a window is empty."""
+        from each start's lower bound, a pinned one included, and back from the horizon). Presolve
+        finds the same bounds, but one propagation loop at a time along the lane chains a step
+        keeps: 216 loops, 0.6 s of a DeepSeek-like V step's 1-s presolve. False (nothing changed)
+        if a window is empty."""
         domains = self.model.proto.variables
         nodes = {u for a, _, b in self.edges for u in (a, b)}
         succ: dict[int, list[tuple[int, int]]] = {u: [] for u in nodes}
@@ -357,8 +338,8 @@ class CpsatModel:
         for a, lag, b in self.edges:
             succ[a].append((b, lag))
             pending[b] += 1
-        early = {u: max(domains[u].domain[0], self.pinned.get(u, 0)) for u in nodes}
-        late = {u: min(domains[u].domain[1], self.pinned.get(u, domains[u].domain[1])) for u in nodes}
+        early = {u: domains[u].domain[0] for u in nodes}
+        late = {u: domains[u].domain[1] for u in nodes}
         order = [u for u in nodes if not pending[u]]
         for u in order:  # Kahn's topological order, grown while walked
             for v, lag in succ[u]:
