@@ -74,6 +74,11 @@ class EngineConfig:
     # devices, which then run exactly that order, each op once it is ready and fits: a pattern no
     # priority rule finds (greedy.exclusive_orders).
     fixed: dict[int, list[Op]] | None = None
+    # Once the last stage's next forward has a known arrival, its device keeps room for that forward
+    # and its backward: no other allocation may overlap them. Where the LM head shares device 0 with
+    # the embedding stage (a V), a recompute or reload that starts just before the head's forward
+    # arrives otherwise holds it up until that microbatch's backward (greedy.held_tries).
+    hold_last: bool = False
 
 
 class _Failed(Exception):
@@ -164,11 +169,12 @@ class _Engine:
                 keep.append(ev)
         self.future[d] = keep
 
-    def _peak_from(self, d: int, s: float) -> float:
-        """Highest known level at or after time s (events at s included)."""
+    def _peak_from(self, d: int, s: float, held: bool = True) -> float:
+        """Highest known level at or after time s (events at s included), with the room `hold_last`
+        keeps unless `held` is False."""
         level = self.level[d]
         later = []
-        for ev in self.future[d]:
+        for ev in self.future[d] + (self._held(d, s) if held else []):
             if ev[0] <= s + TOL:
                 level += ev[2]
             else:
@@ -179,6 +185,22 @@ class _Engine:
             level += ev[2]
             peak = max(peak, level)
         return peak
+
+    def _held(self, d: int, s: float) -> list[tuple[float, int, float, Op]]:
+        """`hold_last`'s room on device d as memory events: the last stage's next forward from its
+        arrival (or s, if that has passed) to its backward's end; none before the arrival is known,
+        nor on a device with a fixed order (the order says when the head runs)."""
+        z = self.S - 1
+        if not self.cfg.hold_last or self.dev_of[z] != d or d in self.fixed_at:
+            return []
+        r = self._ready_f(z)
+        if r is None:
+            return []
+        st = self.p.stages[z]
+        op = Op(Kind.F, z, self.nf[z])
+        amount = st.checkpoint_mib if self._choice_of(z, op.mb).recompute else st.activation_mib
+        start = max(r, s)
+        return [(start, 1, amount, op), (start + st.forward_ms + st.backward_input_ms, 0, -amount, op)]
 
     def _next_free_time(self, d: int, t: float) -> float:
         return min((ev[0] for ev in self.future[d] if ev[2] < 0 and ev[0] > t + TOL), default=math.inf)
@@ -195,16 +217,17 @@ class _Engine:
     def _under_cap(self, d: int, level: float) -> bool:
         return level <= self.cap_mem[d] + TOL * max(1.0, self.cap_mem[d])
 
-    def _fits(self, d: int, s: float, amount: float, reserve: float = 0.0) -> bool:
-        return not self.mem_on or self._under_cap(d, self._peak_from(d, s) + amount + reserve)
+    def _fits(self, d: int, s: float, amount: float, reserve: float = 0.0, held: bool = True) -> bool:
+        return not self.mem_on or self._under_cap(d, self._peak_from(d, s, held) + amount + reserve)
 
-    def _forward_fits(self, d: int, t: float, s: Stage, ch: Choice, alloc: float, reserve: float) -> bool:
+    def _forward_fits(self, d: int, t: float, s: Stage, ch: Choice, alloc: float, reserve: float,
+                      held: bool = True) -> bool:
         """Room for a forward now, and for the reserve (one restore) too. With `reserve_after_copies`
         an offloaded forward needs the reserve only once the copies under way, its own included,
         have freed their memory: a reload comes later than that, and the copies always finish."""
         if not (self.cfg.reserve_after_copies and ch.offload):
-            return self._fits(d, t, alloc, reserve)
-        if not self._fits(d, t, alloc):
+            return self._fits(d, t, alloc, reserve, held)
+        if not self._fits(d, t, alloc, held=held):
             return False
         settled = self.level[d] + sum(ev[2] for ev in self.future[d]) + alloc - s.offloadable_mib
         return self._under_cap(d, settled + reserve)
@@ -464,7 +487,7 @@ class _Engine:
             reserve = 0.0 if k == self.S - 1 else (
                 max(self.pending_restore[d].values(), default=0.0)
                 + (self.later_act[k] if self.cfg.chunk_reserve else 0.0))
-            if not self._forward_fits(d, t, s, ch, alloc, reserve):
+            if not self._forward_fits(d, t, s, ch, alloc, reserve, held=k != self.S - 1):
                 continue
             urgent = self._urgent_arrival(d, k, t, t + s.forward_ms)
             if urgent is not None:

@@ -279,8 +279,9 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
     arrivals (`awaiting_tries`): as many runs again as inline, also for the solver, whose search
     needs the time more (all of them left none at P=16 under a memory limit: Qwen2.5-14B V at 70%
     stayed at its first plan, 5,362 ms, where the search had reached 5,338). The solver's run ends
-    with the paced variants (`paced_tries`), their own awaiting pass, the busiest device's doubled
-    cap (`busiest_tries`) and the fixed orders of devices that hold one activation (`exclusive_tries`).
+    with the paced variants (`paced_tries`) and those holding room for the last stage (`held_tries`),
+    each with its own awaiting pass, the busiest device's doubled cap (`busiest_tries`) and the
+    fixed orders of devices that hold one activation (`exclusive_tries`).
     """
     best: Outcome | None = None
     pattern_fits = False
@@ -317,10 +318,11 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
             break
         run(attempt, late)
     run_all(awaiting_tries(late)[:inline_count], [])
-    if not inline:  # the solver's: paced variants, their awaiting pass, the busiest's cap, fixed orders
-        paced_late: list[tuple[float, Attempt]] = []
-        run_all(paced_tries(problem, treats), paced_late)
-        run_all(awaiting_tries(paced_late)[:inline_count], [])
+    if not inline:  # the solver's: paced and held passes (each awaiting too), busiest, fixed orders
+        for extra in (paced_tries, held_tries):
+            extra_late: list[tuple[float, Attempt]] = []
+            run_all(extra(problem, treats), extra_late)
+            run_all(awaiting_tries(extra_late)[:inline_count], [])
         run_all(busiest_tries(problem, treats), [])
         run_all(exclusive_tries(problem, treats), [])
     if best is not None:
@@ -394,6 +396,33 @@ def paced_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]) 
                 if cfg.w_lag is None and not cfg.chunk_reserve and cfg.prefer_late_forward]
     return [Attempt(t[0], t[1], t[2], f"{name},{label}", replace(cfg, pace=pace))
             for label, pace in paces(problem) for t in reducing for name, cfg in variants]
+
+
+# Where the last stage's activation is a large share of its device's free memory (the LM head beside
+# the embedding stage in a V), a recompute or reload that starts there just before the head's forward
+# arrives holds it up until that microbatch's backward; holding room for the head
+# (EngineConfig.hold_last) is a fourth pass for the solver, over the late-forward variants under
+# every reducing treatment, then its awaiting pass. The solver's greedy on bench/models.py: Llama-3-8B
+# V at half 1F1B's memory (the head's activation 97% of device 0's free memory) 6,563 -> 6,408 ms,
+# at 70% (30%) 5,986 -> 5,952; nothing on Gemma-2-9B-like V at 70% (86%), DeepSeek-like V (10%),
+# Qwen2.5-7B interleaved (23%), and on the P=16 rows (20%) it cost 10-17 s of a 60-s solve for
+# nothing, hence the share below which it is not tried.
+HOLD_SHARE = 0.25
+
+
+def held_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]) -> list[Attempt]:
+    """The late-forward variants under every reducing treatment, holding room for the last stage's
+    forwards, where its device holds other stages too and its activation is HOLD_SHARE or more of
+    that device's free memory."""
+    reducing = [t for t in treats if t[1] is not None]
+    z = problem.num_stages - 1
+    d = problem.stages[z].device
+    free = problem.limit_of(d) - problem.devices[d].static_mib
+    if problem.chunks == 1 or not reducing or problem.stages[z].activation_mib < HOLD_SHARE * free:
+        return []
+    variants = [(name, cfg) for name, cfg in engine_variants(problem) if cfg.prefer_late_forward]
+    return [Attempt(t[0], t[1], t[2], f"{name},held", replace(cfg, hold_last=True))
+            for t in reducing for name, cfg in variants]
 
 
 # One heavier device in the middle of a chain (Llama-3-70B's 80 layers over 16 GPUs: device 10 has
