@@ -133,7 +133,7 @@ def warmup_waste(problem: Problem, d: int, k: int) -> float:
     s = problem.stages[k]
     head = forward_head(problem, k)
     t_b = first_backward_start(problem, k)
-    cap = problem.limit_of(d) - problem.devices[d].static_mib
+    cap = problem.free_mib(d)
     starts = [t for t in _slot_starts(problem, k, cap) if t < t_b]
     if opts.recompute:  # a recompute's forward ran whole before it
         useful = s.forward_ms * len(starts)
@@ -188,11 +188,10 @@ def exclusive_bound(problem: Problem) -> float:
     opts = problem.options
     m = float(problem.num_microbatches)
     for d, k in one_stage_limited(problem):
-        limit = problem.limit_of(d)
         if k + 1 == problem.num_stages:
             continue  # the last stage's backward follows its forward: no round trip to fill
         s = problem.stages[k]
-        cap = limit - problem.devices[d].static_mib
+        cap = problem.free_mib(d)
         act = s.activation_mib
         if 2 * act <= cap + 1e-9:
             continue

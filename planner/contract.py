@@ -230,6 +230,10 @@ class Problem(BaseModel):
         limit = self.devices[device].memory_limit_mib
         return math.inf if limit is None else limit
 
+    def free_mib(self, device: int) -> float:
+        """Memory left on `device` for activations once its static memory is in (inf = unlimited)."""
+        return self.limit_of(device) - self.devices[device].static_mib
+
     def limited_devices(self) -> list[int]:
         """The devices with a memory limit (the memory-aware bounds and fit checks look only there)."""
         return [d for d in range(self.num_devices) if math.isfinite(self.limit_of(d))]

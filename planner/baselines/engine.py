@@ -174,7 +174,10 @@ class _Engine:
         keeps unless `held` is False."""
         level = self.level[d]
         later = []
-        for ev in self.future[d] + (self._held(d, s) if held else []):
+        events = self.future[d]
+        if held and self.cfg.hold_last:  # no list copy on the common path
+            events = events + self._held(d, s)
+        for ev in events:
             if ev[0] <= s + TOL:
                 level += ev[2]
             else:
@@ -191,7 +194,7 @@ class _Engine:
         arrival (or s, if that has passed) to its backward's end; none before the arrival is known,
         nor on a device with a fixed order (the order says when the head runs)."""
         z = self.S - 1
-        if not self.cfg.hold_last or self.dev_of[z] != d or d in self.fixed_at:
+        if self.dev_of[z] != d or d in self.fixed_at:
             return []
         r = self._ready_f(z)
         if r is None:

@@ -45,7 +45,7 @@ def crowded(problem: Problem, k: int) -> bool:
     holdings; a recompute holds it only from the recompute to the backward."""
     s = problem.stages[k]
     d = s.device
-    free = problem.limit_of(d) - problem.devices[d].static_mib
+    free = problem.free_mib(d)
     return any(s.activation_mib + problem.stages[j].activation_mib > free
                for j in problem.stages_of(d) if j > k)
 
@@ -97,7 +97,7 @@ def fractional_treat(problem: Problem, slack: float) -> Treat | None:
     for k in range(problem.num_stages - 1):
         s = problem.stages[k]
         d = s.device
-        budget = slack * period * (problem.limit_of(d) - problem.devices[d].static_mib) / problem.chunks
+        budget = slack * period * problem.free_mib(d) / problem.chunks
         to_b = first_backward_start(problem, k) - forward_head(problem, k) + s.backward_input_ms
         rest = s.weight_grad_mib * s.backward_weight_ms
         resident = s.activation_mib * to_b + rest
@@ -387,13 +387,20 @@ def paces(problem: Problem) -> list[tuple[str, list[int]]]:
 # memory needs no offload or recompute, so it runs only where activations must be offloaded or
 # recomputed. Its cost: the solver's greedy takes 21-22 s at P=16 instead of 14-15 (25-29 with the
 # variants that are not "late" paced too, which won nothing).
-def paced_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]) -> list[Attempt]:
-    """Paced versions of the "fill,late,tight" variants under every reducing treatment, pace by pace."""
+def _late_reducing(problem: Problem, treats: list[tuple[str, Treat | None, bool]]
+                   ) -> tuple[list[tuple[str, Treat | None, bool]], list[tuple[str, EngineConfig]]]:
+    """(reducing treatments, late-forward variants) for the solver's extra passes over several
+    stages per device; nothing when there is one stage per device or nothing to reduce."""
     reducing = [t for t in treats if t[1] is not None]
     if problem.chunks == 1 or not reducing:
-        return []
-    variants = [(name, cfg) for name, cfg in engine_variants(problem)
-                if cfg.w_lag is None and not cfg.chunk_reserve and cfg.prefer_late_forward]
+        return [], []
+    return reducing, [(name, cfg) for name, cfg in engine_variants(problem) if cfg.prefer_late_forward]
+
+
+def paced_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]) -> list[Attempt]:
+    """Paced versions of the "fill,late,tight" variants under every reducing treatment, pace by pace."""
+    reducing, late = _late_reducing(problem, treats)
+    variants = [(name, cfg) for name, cfg in late if cfg.w_lag is None and not cfg.chunk_reserve]
     return [Attempt(t[0], t[1], t[2], f"{name},{label}", replace(cfg, pace=pace))
             for label, pace in paces(problem) for t in reducing for name, cfg in variants]
 
@@ -414,15 +421,12 @@ def held_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]]) -
     """The late-forward variants under every reducing treatment, holding room for the last stage's
     forwards, where its device holds other stages too and its activation is HOLD_SHARE or more of
     that device's free memory."""
-    reducing = [t for t in treats if t[1] is not None]
-    z = problem.num_stages - 1
-    d = problem.stages[z].device
-    free = problem.limit_of(d) - problem.devices[d].static_mib
-    if problem.chunks == 1 or not reducing or problem.stages[z].activation_mib < HOLD_SHARE * free:
+    head = problem.stages[-1]
+    if head.activation_mib < HOLD_SHARE * problem.free_mib(head.device):
         return []
-    variants = [(name, cfg) for name, cfg in engine_variants(problem) if cfg.prefer_late_forward]
+    reducing, late = _late_reducing(problem, treats)
     return [Attempt(t[0], t[1], t[2], f"{name},held", replace(cfg, hold_last=True))
-            for t in reducing for name, cfg in variants]
+            for t in reducing for name, cfg in late]
 
 
 # One heavier device in the middle of a chain (Llama-3-70B's 80 layers over 16 GPUs: device 10 has
@@ -468,7 +472,7 @@ def exclusive_orders(problem: Problem) -> list[tuple[str, dict[int, list[Op]], s
         return []
     def one_at_a_time(d: int, k: int) -> bool:
         s = problem.stages[k]
-        return 2 * (s.activation_mib - s.checkpoint_mib) > problem.limit_of(d) - problem.devices[d].static_mib
+        return 2 * (s.activation_mib - s.checkpoint_mib) > problem.free_mib(d)
 
     devices = [(d, k) for d, k in one_stage_limited(problem)
                if k + 1 < problem.num_stages and one_at_a_time(d, k)]

@@ -111,7 +111,7 @@ class CpsatModel:
         for d, pieces in self.mem.items():
             if not finite[d] or not pieces:
                 continue
-            cap = scale.m(problem.limit_of(d) - problem.devices[d].static_mib)
+            cap = scale.m(problem.free_mib(d))
             m.add_cumulative([iv for iv, _ in pieces], [dem for _, dem in pieces], max(0, cap))
         # Symmetry: microbatches are interchangeable, so stage 0's forwards may be taken in order.
         for i in range(M - 1):

@@ -125,7 +125,7 @@ def _stage_parts(problem: Problem, k: int) -> tuple[list[_Class], list[_OpKind]]
 
 
 def _device_bound(problem: Problem, d: int) -> float:
-    cap = problem.limit_of(d) - problem.devices[d].static_mib
+    cap = problem.free_mib(d)
     m = problem.num_microbatches
     classes: list[_Class] = []
     ops: list[_OpKind] = []

@@ -72,7 +72,7 @@ def count_lower_bound(problem: Problem) -> float:
     split = problem.options.split_backward
     best = 0.0
     for d in problem.limited_devices():
-        cap = problem.limit_of(d) - problem.devices[d].static_mib
+        cap = problem.free_mib(d)
         stages = problem.stages_of(d)
         t_b = min(first_backward_start(problem, k) for k in stages)
         t_free = float("inf")

@@ -289,10 +289,9 @@ def _memory_rows(problem: Problem, solver, lanes, s, dur, prec, off, horizon) ->
         return v
 
     for d, lane_ops in lanes.items():
-        limit = problem.limit_of(d)
-        if limit == float("inf"):
+        cap = problem.free_mib(d)
+        if cap == float("inf"):
             continue
-        cap = limit - problem.devices[d].static_mib
         pairs = sorted({(o.stage, o.mb) for o in lane_ops})
         total = sum(problem.stages[k].activation_mib + (problem.stages[k].offloadable_mib or 0.0) for k, _ in pairs)
         events = [(Op(Kind.F, k, i), None) for k, i in pairs] + [(None, p) for p in pairs if p in off]

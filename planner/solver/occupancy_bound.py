@@ -72,7 +72,7 @@ def occupancy_lower_bound(problem: Problem) -> float:
 
 
 def _device_bound(problem: Problem, d: int) -> float:
-    cap = problem.limit_of(d) - problem.devices[d].static_mib
+    cap = problem.free_mib(d)
     stages = problem.stages_of(d)
     m = float(problem.num_microbatches)
     t0 = min(forward_head(problem, k) for k in stages)
