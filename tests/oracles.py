@@ -12,14 +12,14 @@ from unittest.mock import patch
 from planner import simulator
 from planner.bounds import free_lower_bound
 from planner.contract import Problem
-from planner.solver import SolveResult, api, cpsat, solve
+from planner.solver import SolveResult, api, incumbent, solve
 
 
 @contextmanager
 def blind_to_memory_bounds() -> Iterator[None]:
     """solve() and CP-SAT see free_lower_bound only: no warm-up, exclusive or memory_bound bound."""
     with ExitStack() as stack:
-        stack.enter_context(patch.object(cpsat, "combined_lower_bound", free_lower_bound))
+        stack.enter_context(patch.object(incumbent, "combined_lower_bound", free_lower_bound))
         stack.enter_context(patch.object(api, "memory_lower_bound", lambda problem: 0.0))
         stack.enter_context(patch.object(api, "lower_bound", free_lower_bound))
         stack.enter_context(patch.object(simulator, "lower_bound", free_lower_bound))

@@ -21,9 +21,9 @@ from planner.solver.memory_bound import memory_lower_bound
 @pytest.fixture
 def blind_solve(monkeypatch):
     """`solve` with only planner.bounds' lower bound: an oracle independent of memory_lower_bound."""
-    from planner.solver import api, cpsat
+    from planner.solver import api, incumbent
 
-    monkeypatch.setattr(cpsat, "combined_lower_bound", lower_bound)
+    monkeypatch.setattr(incumbent, "combined_lower_bound", lower_bound)
     monkeypatch.setattr(api, "memory_lower_bound", lambda problem: 0.0)
     return solve
 

@@ -15,7 +15,6 @@ from ..ops import duration
 from .convert import plan_from_ticks, ticks_of_plan
 from .cpsat_model import CpsatModel, ModelOptions
 from .incumbent import Incumbent
-from .memory_bound import combined_lower_bound
 from .scaling import Scale
 
 log = logging.getLogger(__name__)
@@ -38,7 +37,7 @@ class _Callback(cp_model.CpSolverSolutionCallback):
         super().__init__()
         self.built, self.inc, self.scale, self.method, self.prove = built, inc, scale, method, prove
         self.errors = 0
-        self.target_ms = combined_lower_bound(built.p)
+        self.target_ms = inc.floor_ms
         self.first_at: float | None = None
 
     def on_solution_callback(self) -> None:
@@ -107,7 +106,7 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, seconds: float, stop: th
     if starts is not None:
         t0 = min(starts.values())
         starts = {op: s - t0 for op, s in starts.items()}
-    lower = int(combined_lower_bound(problem) * scale.time_scale - 1e-6) if scale.time_exact else 0
+    lower = int(inc.floor_ms * scale.time_scale - 1e-6) if scale.time_exact else 0
     vals = None
     # a step's pairs outside `free` keep their modes: built without the others' variables
     kept = None

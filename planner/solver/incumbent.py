@@ -7,10 +7,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import cached_property
 
 from ..contract import Plan, Problem
 from ..transfers import prune_plan, transfer_cost
 from ..validator import validate_plan
+from .memory_bound import combined_lower_bound
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,12 @@ class Incumbent:
         self.solver_bound: float | None = None  # best proven bound of a whole-problem model (ms)
         self.closed = False
         self._lock = threading.RLock()
+
+    @cached_property
+    def floor_ms(self) -> float:
+        """Every bound the solvers may assume (memory_bound.combined_lower_bound), computed once per
+        solve: its integer programs and LPs take up to ~0.1 s at P=16, and every LNS step reads it."""
+        return combined_lower_bound(self.problem)
 
     @property
     def makespan(self) -> float:
