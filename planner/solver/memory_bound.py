@@ -27,6 +27,7 @@ import math
 
 from ..bounds import backward_chain, first_backward_start, forward_head, round_trip, warmup_waste
 from ..contract import Problem
+from .chunk_warmup import chunked_warmup_waste
 from .exclusion_bound import exclusion_lower_bound
 from .occupancy_bound import occupancy_lower_bound
 
@@ -101,8 +102,9 @@ def count_lower_bound(problem: Problem) -> float:
         # more forwards are needed than memory holds; otherwise the two may overlap
         disjoint = all(m * held[k] > cap for k in stages)
         best = max(best, work + (idle_head + idle_drain if disjoint else max(idle_head, idle_drain)))
+        waste = warmup_waste(problem, d, stages[0]) if len(stages) == 1 else chunked_warmup_waste(problem, d)
+        best = max(best, min(forward_head(problem, k) for k in stages) + work + waste)
         if split:
-            waste = warmup_waste(problem, d, stages[0]) if len(stages) == 1 else 0.0
             best = max(best, _tail_bound(problem, stages, cap, work, t_free, busy_before, waste))
     return best
 

@@ -1,0 +1,109 @@
+"""The several-stage warm-up bound (planner/solver/chunk_warmup.py): hand values, never above an
+optimum found without it or a simulated valid plan, and strictly stronger than every other bound
+where the LM head shares a device with the embedding stage."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from core_schedules import make_problem, plan_of, serialized
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from oracles import blind_optimum
+from test_exclusion_bound import heavy_head, other_bounds, random_problem
+
+from planner.bounds import first_backward_start
+from planner.contract import Problem
+from planner.solver.chunk_warmup import chunked_warmup_waste
+from planner.solver.exclusion_bound import exclusion_lower_bound
+from planner.solver.memory_bound import memory_lower_bound
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.model_suite import find  # noqa: E402
+from bench.models import rows_of  # noqa: E402
+
+
+def test_heavy_head_hand_value():
+    """M=3: the head's first backward starts at 6.5 at the earliest and only 20 MiB sit beside its
+    activation then, so the embedding forwards before it are recomputed (R = F: no work done) and
+    only the head's own forward (2) counts: 4.5 idle, 22.5 of work, 27.0, the proven optimum, where
+    the pairwise exclusion bound says 25.5."""
+    problem = heavy_head(3)
+    assert first_backward_start(problem, 5) == pytest.approx(6.5)
+    assert chunked_warmup_waste(problem, 0) == pytest.approx(4.5)
+    assert chunked_warmup_waste(problem, 1) == 0.0  # room for everything there
+    assert memory_lower_bound(problem) == pytest.approx(27.0)
+    assert exclusion_lower_bound(problem) == pytest.approx(25.5)
+    assert other_bounds(problem) < 27.0 - 1e-9
+    result = blind_optimum(problem)
+    assert result.status == "optimal" and result.plan.makespan_ms == pytest.approx(27.0)
+
+
+def test_copy_bound_embedding_hand_value():
+    """Gemma-2-9B-like V on 8 GPUs at 70% of 1F1B's memory: the head's activation (4,056 MiB) leaves
+    648 of device 0's 4,704 free beside it, less than one embedding activation (1,312), so before
+    the head's first backward only offloaded embedding forwards count, one per 27.5-ms copy after the
+    first forward's end, plus the head's forward: 7 copies end by its earliest start (221.8 ms); were
+    it to wait for the 8th (229.7), a forward's 9.6 ms of work would be gained for 7.9 of waiting."""
+    [row] = [r for r in rows_of(find("gemma2-9b-p8-v")) if r.share == 0.7]
+    problem = row.problem()
+    emb, head = problem.stages[0], problem.stages[-1]
+    earliest = first_backward_start(problem, problem.num_stages - 1)
+    assert int((earliest - emb.forward_ms) // emb.offload_ms) == 7
+    eighth = emb.forward_ms + 8 * emb.offload_ms
+    assert eighth - 8 * emb.forward_ms < earliest - 7 * emb.forward_ms
+    expected = eighth - 8 * emb.forward_ms - head.forward_ms
+    assert chunked_warmup_waste(problem, 0) == pytest.approx(expected, abs=0.01)
+    assert memory_lower_bound(problem) >= problem.num_microbatches * problem.work_ms(0) + expected - 1e-6
+
+
+def test_nothing_without_a_limit_or_with_one_stage():
+    assert chunked_warmup_waste(make_problem(p=3, m=4, chunks=2, placement="v"), 0) == 0.0
+    assert chunked_warmup_waste(make_problem(p=3, m=4, limit=500.0), 0) == 0.0
+
+
+def test_room_for_everything_leaves_only_the_chain():
+    """With memory for every activation, the work there is before the head's first backward (6.5)
+    is the three embedding forwards (1.5) and the head's own (2): 3.0, less than with 320 MiB."""
+    doc = heavy_head(3).model_dump()
+    doc["devices"][0]["memory_limit_mib"] = 10_000.0
+    assert chunked_warmup_waste(Problem.model_validate(doc), 0) == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_never_above_a_blind_optimum(seed):
+    """Random small problems where this bound decides (above every other one): CP-SAT blind to the
+    memory-aware bounds proves an optimum, and the bound is not above it."""
+    rng = random.Random(seed)
+    for _ in range(300):
+        problem = random_problem(rng)
+        bound = memory_lower_bound(problem)
+        if problem.chunks > 1 and bound > max(other_bounds(problem), exclusion_lower_bound(problem)) + 1e-6:
+            break
+    else:
+        pytest.fail("no random problem where the bound decides")
+    result = blind_optimum(problem, seconds=8.0)
+    if result.status != "optimal":
+        pytest.skip("no proven optimum within the time")
+    assert bound <= result.plan.makespan_ms + 1e-9
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10**6))
+def test_never_above_a_simulated_plan(seed):
+    """Every heuristic's valid plan (and the serialized one) is at least the bound."""
+    from planner.baselines import NAMES, DoesNotFit, NotApplicable, run_baseline
+
+    problem = random_problem(random.Random(seed))
+    bound = memory_lower_bound(problem)
+    assert plan_of(problem, serialized(problem)).makespan_ms >= bound - 1e-9
+    for name in NAMES:
+        try:
+            plan = run_baseline(problem, name)
+        except (NotApplicable, DoesNotFit):
+            continue
+        assert plan.makespan_ms >= bound - 1e-9, name
