@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from core_schedules import make_problem, problem_doc
+from core_schedules import at_least_memory_times, make_problem, problem_doc
 
 from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, compare, run_baseline
 from planner.baselines.classic import serialized_schedule
@@ -271,3 +271,16 @@ def test_last_stage_forward_needs_no_restore_reserve_in_v_placement():
     outcome = greedy_outcome(Problem.model_validate(doc), inline=False)
     assert "serialized" not in outcome.method
     assert outcome.makespan <= 67.0 + 1e-9
+
+
+def test_greedy_reports_each_new_best_as_it_is_found():
+    """The solver streams the widened greedy's bests (its extra passes take tens of seconds at P=16),
+    so each must come out in order and the last must be the answer. V placement, P=4, M=8, 1.2x the
+    least memory: three bests, 137 -> 88 -> 71."""
+    problem = at_least_memory_times(problem_doc(p=4, m=8, chunks=2, placement="v", offload=True,
+                                                recompute=True), [1.2] * 4)
+    seen = []
+    outcome = greedy_outcome(problem, inline=False, on_better=seen.append)
+    assert len(seen) >= 2
+    assert all(a.makespan >= b.makespan for a, b in zip(seen, seen[1:]))
+    assert seen[-1] is outcome

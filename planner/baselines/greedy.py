@@ -264,7 +264,8 @@ def greedy_tries(problem: Problem, treats: list[tuple[str, Treat | None, bool]])
 
 
 def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[], bool] = lambda: True,
-                   skip: int = 0, tolerance: float = TIE_TOLERANCE) -> Outcome:
+                   skip: int = 0, tolerance: float = TIE_TOLERANCE,
+                   on_better: Callable[[Outcome], None] | None = None) -> Outcome:
     """Fastest fitting variant of the memory-aware engine, else the serialized schedule; among
     variants within `tolerance` (relative) of the fastest, the one that offloads fewer MiB, then
     recomputes less (common.better; each already pruned by common.evaluate).
@@ -281,7 +282,8 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
     stayed at its first plan, 5,362 ms, where the search had reached 5,338). The solver's run ends
     with the paced variants (`paced_tries`) and those holding room for the last stage (`held_tries`),
     each with its own awaiting pass, the busiest device's doubled cap (`busiest_tries`) and the
-    fixed orders of devices that hold one activation (`exclusive_tries`).
+    fixed orders of devices that hold one activation (`exclusive_tries`). `on_better` sees each
+    attempt that becomes the best (the solver streams them: its extra passes take tens of seconds).
     """
     best: Outcome | None = None
     pattern_fits = False
@@ -302,7 +304,9 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
         nonlocal best
         # variants whose own timing is clearly slower are skipped (OWN_TIMING_SLACK): speed only
         outcome = run_try(problem, attempt, slower_than=best)
-        best = better(best, outcome, tolerance)
+        previous, best = best, better(best, outcome, tolerance)
+        if on_better is not None and best is not previous:
+            on_better(best)
         if attempt.config.prefer_late_forward:
             late.append((outcome.makespan if outcome is not None else math.inf, attempt))
 
