@@ -7,7 +7,7 @@ from core_schedules import at_least_memory_times, make_problem, problem_doc
 
 from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, compare, run_baseline
 from planner.baselines.classic import serialized_schedule
-from planner.baselines.common import evaluate, peaks_of
+from planner.baselines.common import TIE_TOLERANCE, evaluate, peaks_of
 from planner.baselines.greedy import fractional_treat, greedy_outcome, slow_copies
 from planner.baselines.offload import pipeoffload_outcome
 from planner.bounds import MemoryInfeasibleError, lower_bound, min_memory
@@ -282,5 +282,6 @@ def test_greedy_reports_each_new_best_as_it_is_found():
     seen = []
     outcome = greedy_outcome(problem, inline=False, on_better=seen.append)
     assert len(seen) >= 2
-    assert all(a.makespan >= b.makespan for a, b in zip(seen, seen[1:]))
+    # each is faster, or as fast within the tie tolerance and lighter on copies
+    assert all(b.makespan <= a.makespan * (1 + TIE_TOLERANCE) for a, b in zip(seen, seen[1:]))
     assert seen[-1] is outcome

@@ -542,7 +542,9 @@ def run_try(problem: Problem, attempt: Attempt, slower_than: Outcome | None = No
     timing is clearly slower than `slower_than`."""
     treat_name, treat, eager, name, cfg = attempt
     # an op starting after the horizon ends after it too, so the engine may stop there
-    horizon = slower_than.makespan * (1 + OWN_TIMING_SLACK) if slower_than is not None else math.inf
+    # (against the best's makespan before its re-timing: this attempt's own timing is before one too)
+    horizon = (max(slower_than.makespan, slower_than.before_retime_ms or 0.0) * (1 + OWN_TIMING_SLACK)
+               if slower_than is not None else math.inf)
     schedule = run_engine(problem, replace(cfg, treat=treat, reload_in_turn=True, reserve_after_copies=eager),
                           give_up_after=horizon)
     if schedule is None:
