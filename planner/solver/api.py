@@ -129,10 +129,8 @@ def _widen_greedy(problem: Problem, key: str, inc: Incumbent, keep_going: Callab
     from ..baselines.greedy import greedy_outcome, inline_runs
 
     def offer(outcome: Outcome) -> None:
-        """Each new best as it is found (the solver's extra passes take tens of seconds at P=16).
-        Always built: the plan is re-timed once its unneeded copies are dropped, so the outcome's own
-        makespan can be well above the plan's (DeepSeek-like V at 70%: 1,179 against 1,117 ms). The
-        incumbent validates what it takes."""
+        """Each new best as it is found (the solver's extra passes take tens of seconds at P=16);
+        the incumbent keeps it only if it is better, and validates it first."""
         inc.offer(outcome.plan(key, validate=False))
 
     try:

@@ -19,8 +19,9 @@ proven bound is used, so a time-out only weakens it.
 
 Where the LM head shares device 0 with the embedding stage (Gemma-2-9B-like V on 8 GPUs at 70% of
 1F1B's memory: 4,704 MiB free, the head's activation 4,056), no embedding activation can stay beside
-the head's at its first backward: only the 7 forwards whose offloads end by then count, and device 0
-idles or recomputes 136 ms before it (2,851 -> 2,883 ms). The single-stage case is
+the head's at its first backward: only embedding forwards whose offloads have ended count. Starting
+it once the 8th copy ends (229.7 ms, 7.9 after its earliest start, for a 9.6-ms forward) is best, and
+device 0 idles or recomputes 134 ms before it (2,851 -> 2,883 ms). The single-stage case is
 planner.bounds.warmup_waste, with the copies' timing in more detail.
 """
 
