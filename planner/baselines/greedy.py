@@ -283,13 +283,22 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
     with the paced variants (`paced_tries`) and those holding room for the last stage (`held_tries`),
     each with its own awaiting pass, the busiest device's doubled cap (`busiest_tries`) and the
     fixed orders of devices that hold one activation (`exclusive_tries`). `on_better` sees each
-    attempt that becomes the best (the solver streams them: its extra passes take tens of seconds).
+    outcome that becomes the best, the last of them the result (the solver streams them: its extra
+    passes take tens of seconds); only the serialized fallback is not seen.
     """
     best: Outcome | None = None
+
+    def take(outcome: Outcome | None) -> None:
+        """Keep `outcome` if it is better, and tell `on_better`."""
+        nonlocal best
+        previous, best = best, better(best, outcome, tolerance)
+        if on_better is not None and best is not previous:
+            on_better(best)
+
     pattern_fits = False
     for label, build in PATTERNS:
         try:
-            best = better(best, evaluate(problem, build(problem), label), tolerance)
+            take(evaluate(problem, build(problem), label))
             pattern_fits = True
         except (NotApplicable, DoesNotFit, ScheduleError):
             continue
@@ -301,12 +310,9 @@ def greedy_outcome(problem: Problem, inline: bool = True, keep_going: Callable[[
     def run(attempt: Attempt, late: list[tuple[float, Attempt]]) -> None:
         """Keep the attempt's outcome if it is better; note a late-forward variant's makespan in
         `late` (inf: it blocked, or was skipped as slower)."""
-        nonlocal best
         # variants whose own timing is clearly slower are skipped (OWN_TIMING_SLACK): speed only
         outcome = run_try(problem, attempt, slower_than=best)
-        previous, best = best, better(best, outcome, tolerance)
-        if on_better is not None and best is not previous:
-            on_better(best)
+        take(outcome)
         if attempt.config.prefer_late_forward:
             late.append((outcome.makespan if outcome is not None else math.inf, attempt))
 
@@ -543,7 +549,7 @@ def run_try(problem: Problem, attempt: Attempt, slower_than: Outcome | None = No
     treat_name, treat, eager, name, cfg = attempt
     # an op starting after the horizon ends after it too, so the engine may stop there
     # (against the best's makespan before its re-timing: this attempt's own timing is before one too)
-    horizon = (max(slower_than.makespan, slower_than.before_retime_ms or 0.0) * (1 + OWN_TIMING_SLACK)
+    horizon = ((slower_than.before_retime_ms or slower_than.makespan) * (1 + OWN_TIMING_SLACK)
                if slower_than is not None else math.inf)
     schedule = run_engine(problem, replace(cfg, treat=treat, reload_in_turn=True, reserve_after_copies=eager),
                           give_up_after=horizon)

@@ -125,17 +125,13 @@ def _widen_greedy(problem: Problem, key: str, inc: Incumbent, keep_going: Callab
     the time for all of them (about 25 at ~0.6 s each at P=32, M=128). Measured there at half memory
     with 3-ms copies: 456.7 -> 453.5, about what the CP-SAT windows gain in two minutes; on
     Llama-2-13B over 16 GPUs at 24 GiB (13 inline runs of 36) the rest found 4856 against 5126."""
-    from ..baselines.common import Outcome
     from ..baselines.greedy import greedy_outcome, inline_runs
 
-    def offer(outcome: Outcome) -> None:
-        """Each new best as it is found (the solver's extra passes take tens of seconds at P=16);
-        the incumbent keeps it only if it is better, and validates it first."""
-        inc.offer(outcome.plan(key, validate=False))
-
     try:
-        offer(greedy_outcome(problem, inline=False, keep_going=keep_going, skip=inline_runs(problem),
-                             on_better=offer))
+        # each new best as it is found (the extra passes take tens of seconds at P=16), the result the
+        # last of them; the incumbent keeps one only if it is better, and validates it first
+        greedy_outcome(problem, inline=False, keep_going=keep_going, skip=inline_runs(problem),
+                       on_better=lambda better: inc.offer(better.plan(key, validate=False)))
     except Exception as exc:  # noqa: BLE001 - only an extra seed; the engines follow
         log.debug("widened greedy gave no plan: %s", exc)
         notes.append(f"widened greedy failed: {exc}")
@@ -179,9 +175,9 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
     key = problem_key or problem.key()
     workers = max(1, workers or default_workers())
     notes: list[str] = []
-    inc = Incumbent(problem, key, on_improvement, started)
     lb = lower_bound(problem)
     memory_lb = memory_lower_bound(problem)
+    inc = Incumbent(problem, key, on_improvement, started, floor_ms=max(lb, memory_lb))
     if memory_lb > lb:  # every plan, heuristic seeds included, carries the stronger bound
         inc.raise_bound(memory_lb)
 

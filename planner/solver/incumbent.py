@@ -7,7 +7,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from functools import cached_property
 
 from ..contract import Plan, Problem
 from ..transfers import prune_plan, transfer_cost
@@ -21,7 +20,7 @@ EPS_MS = 1e-6
 
 class Incumbent:
     def __init__(self, problem: Problem, key: str, on_improvement: Callable[[Plan], None] | None,
-                 started: float | None = None):
+                 started: float | None = None, floor_ms: float | None = None):
         self.problem = problem
         self.key = key
         self.on_improvement = on_improvement
@@ -35,12 +34,16 @@ class Incumbent:
         self.solver_bound: float | None = None  # best proven bound of a whole-problem model (ms)
         self.closed = False
         self._lock = threading.RLock()
+        self._floor_ms = floor_ms
 
-    @cached_property
+    @property
     def floor_ms(self) -> float:
-        """Every bound the solvers may assume (memory_bound.combined_lower_bound), computed once per
-        solve: its integer programs and LPs take up to ~0.1 s at P=16, and every LNS step reads it."""
-        return combined_lower_bound(self.problem)
+        """Every bound the solvers may assume (memory_bound.combined_lower_bound): given by solve(),
+        which has computed both parts, or computed on first use. Once per solve: its integer programs
+        and LPs take up to ~0.1 s at P=16, and every LNS step reads it."""
+        if self._floor_ms is None:
+            self._floor_ms = combined_lower_bound(self.problem)
+        return self._floor_ms
 
     @property
     def makespan(self) -> float:
