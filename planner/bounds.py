@@ -100,7 +100,7 @@ def arrival_bound(problem: Problem) -> float:
     arrival, so at most the forward time that has arrived can fill the wait; memory plays no part.
     On an interleaved device holding the LM head, the head's forward comes round long after the
     device's first-chunk forwards, which arrive only as fast as the slowest stage before them:
-    Nemotron-H-8B-like interleaved on 16 GPUs, 5,803 -> 5,851 ms (device 15 idles >= 48 ms)."""
+    Nemotron-H-8B-like interleaved on 16 GPUs, 5,803 -> 5,850 ms (device 15 idles >= 48 ms)."""
     arrivals = forward_arrivals(problem)
     m = problem.num_microbatches
     tail_of = (lambda k: 0.0) if problem.options.split_backward else (lambda k: backward_tail(problem, k))
