@@ -103,7 +103,7 @@ def arrival_bound(problem: Problem) -> float:
     Nemotron-H-8B-like interleaved on 16 GPUs, 5,803 -> 5,850 ms (device 15 idles >= 48 ms)."""
     arrivals = forward_arrivals(problem)
     m = problem.num_microbatches
-    tail_of = (lambda k: 0.0) if problem.options.split_backward else (lambda k: backward_tail(problem, k))
+    split = problem.options.split_backward
     best = 0.0
     for d in range(problem.num_devices):
         stages = problem.stages_of(d)
@@ -112,7 +112,8 @@ def arrival_bound(problem: Problem) -> float:
         fill = sum(min(problem.stages[k].forward_ms, max(0.0, first_b - arrivals[k][n]))
                    for k in stages for n in range(m))
         idle = max(0.0, first_b - head - fill)
-        best = max(best, head + m * problem.work_ms(d) + idle + min(tail_of(k) for k in stages))
+        tail = 0.0 if split else min(backward_tail(problem, k) for k in stages)  # as free_lower_bound's
+        best = max(best, head + m * problem.work_ms(d) + idle + tail)
     return best
 
 
