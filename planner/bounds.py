@@ -57,24 +57,27 @@ def lower_bound(problem: Problem) -> float:
                exclusive_bound(problem))
 
 
+def _device_frame(problem: Problem, d: int) -> tuple[float, float, float, float]:
+    """(earliest start, all work, what must follow the last op, earliest backward) of device d.
+    Without split, its last op is some BW(k, i), and the backward chain below k follows it."""
+    stages = problem.stages_of(d)
+    head = min(forward_head(problem, k) for k in stages)
+    tail = 0.0 if problem.options.split_backward else min(backward_tail(problem, k) for k in stages)
+    first_b = min(first_backward_start(problem, k) for k in stages)
+    return head, problem.num_microbatches * problem.work_ms(d), tail, first_b
+
+
 def free_lower_bound(problem: Problem) -> float:
     """max of: one microbatch's critical path; per device, the earliest it can start plus all its
     work plus what must follow its last op; per device, the earliest backward plus all backward work.
     Memory limits play no part.
     """
     m = problem.num_microbatches
-    split = problem.options.split_backward
-    critical = first_backward_start(problem, 0) + backward_ms(problem, 0) + backward_chain(problem, 0)
-    best = critical
+    best = first_backward_start(problem, 0) + backward_ms(problem, 0) + backward_chain(problem, 0)
     for d in range(problem.num_devices):
-        stages = problem.stages_of(d)
-        work = m * problem.work_ms(d)
-        work_bw = work - m * sum(problem.stages[k].forward_ms for k in stages)
-        # Without split, the device's last op is some BW(k, i); the backward chain below k follows.
-        tail = 0.0 if split else min(backward_tail(problem, k) for k in stages)
-        head = min(forward_head(problem, k) for k in stages)
-        best = max(best, head + work + tail,
-                   min(first_backward_start(problem, k) for k in stages) + work_bw + tail)
+        head, work, tail, first_b = _device_frame(problem, d)
+        work_bw = work - m * sum(problem.stages[k].forward_ms for k in problem.stages_of(d))
+        best = max(best, head + work + tail, first_b + work_bw + tail)
     return best
 
 
@@ -102,18 +105,12 @@ def arrival_bound(problem: Problem) -> float:
     device's first-chunk forwards, which arrive only as fast as the slowest stage before them:
     Nemotron-H-8B-like interleaved on 16 GPUs, 5,803 -> 5,850 ms (device 15 idles >= 48 ms)."""
     arrivals = forward_arrivals(problem)
-    m = problem.num_microbatches
-    split = problem.options.split_backward
     best = 0.0
     for d in range(problem.num_devices):
-        stages = problem.stages_of(d)
-        head = min(forward_head(problem, k) for k in stages)
-        first_b = min(first_backward_start(problem, k) for k in stages)
-        fill = sum(min(problem.stages[k].forward_ms, max(0.0, first_b - arrivals[k][n]))
-                   for k in stages for n in range(m))
-        idle = max(0.0, first_b - head - fill)
-        tail = 0.0 if split else min(backward_tail(problem, k) for k in stages)  # as free_lower_bound's
-        best = max(best, head + m * problem.work_ms(d) + idle + tail)
+        head, work, tail, first_b = _device_frame(problem, d)
+        fill = sum(min(problem.stages[k].forward_ms, max(0.0, first_b - a)) for k in problem.stages_of(d)
+                   for a in arrivals[k])
+        best = max(best, head + work + max(0.0, first_b - head - fill) + tail)
     return best
 
 
