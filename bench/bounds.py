@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/bounds.py --seed 1 --problems 150
     .venv/bin/python bench/bounds.py --seed 7 --problems 200
+    .venv/bin/python bench/bounds.py --family uneven --seed 1 --problems 300
 
 Random small problems (2-4 devices, 2-5 microbatches, 1-2 chunks, split or not, offload and
-recompute on or off, limits 1-2x the least memory), each solved by CP-SAT *blind* to
-planner.solver.memory_bound and to planner.bounds' warmup_bound and exclusive_bound (it knows only
+recompute on or off, limits 1-2x the least memory; `--family uneven`: forwards that differ by stage,
+no memory limit, where planner.bounds.arrival_bound binds), each solved by CP-SAT *blind* to
+planner.solver.memory_bound and to planner.bounds' arrival, warmup and exclusive bounds (it knows only
 free_lower_bound): the solver normally gives those bounds to the model as the makespan's floor and
 calls a plan meeting them optimal, so an oracle that knew them could not catch them being too high.
 Every proven optimum is compared with all of them; any violation is printed and fails the run.
@@ -21,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from core_schedules import problem_doc  # the tests' problem builder
+from core_schedules import problem_doc, uneven_forwards  # the tests' problem builders
 from oracles import blind_to_memory_bounds  # the tests' blind CP-SAT
 
 from planner.bounds import free_lower_bound, lower_bound, min_memory
@@ -46,11 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--problems", type=int, default=150)
     ap.add_argument("--seconds", type=float, default=5.0, help="CP-SAT time per problem")
+    ap.add_argument("--family", choices=("memory", "uneven"), default="memory",
+                    help="memory limits and treatments (default), or uneven forwards without limits")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
+    build = random_problem if args.family == "memory" else uneven_forwards
     proven = violations = stronger = warmup_wins = 0
     for n in range(1, args.problems + 1):
-        problem = random_problem(rng)
+        problem = build(rng)
         bound = max(memory_lower_bound(problem), lower_bound(problem))  # every bound the solver reports
         with blind_to_memory_bounds():
             result = solve(problem, args.seconds, engine="cpsat", workers=1)
@@ -61,12 +66,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"VIOLATION: bound {bound} > optimum {result.plan.makespan_ms}: "
                       f"{problem.model_dump_json()}", flush=True)
         stronger += bound > free_lower_bound(problem) + 1e-9
-        warmup_wins += lower_bound(problem) > max(free_lower_bound(problem), memory_lower_bound(problem)) + 1e-9
+        others = max(free_lower_bound(problem), memory_lower_bound(problem))
+        warmup_wins += lower_bound(problem) > others + 1e-9
         if n % 25 == 0:
             print(f"[{n}/{args.problems}] {proven} proven optima, {violations} violations", file=sys.stderr,
                   flush=True)
     print(f"{args.problems} problems: {proven} optima proven, bound above an optimum {violations} times, "
-          f"above the memory-free bound on {stronger}, raised by warmup_bound / exclusive_bound alone on {warmup_wins}")
+          f"above the memory-free bound on {stronger}, raised by planner.bounds' arrival / warm-up / "
+          f"exclusive bounds alone on {warmup_wins}")
     return 1 if violations else 0
 
 

@@ -7,6 +7,7 @@ them: a serialized schedule (one microbatch at a time, every activation at its r
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from planner.bounds import min_memory
@@ -45,6 +46,17 @@ def problem_doc(p: int = 2, m: int = 2, *, chunks: int = 1, placement: str = "lo
 def make_problem(*args: Any, **kw: Any) -> Problem:
     """`problem_doc(...)` validated; make_problem(4, 8) is P=4, M=8."""
     return Problem.model_validate(problem_doc(*args, **kw))
+
+
+def uneven_forwards(rng: random.Random) -> Problem:
+    """A small random problem whose forwards differ by stage, so upstream stages can starve a device
+    (planner.bounds.arrival_bound's family); no memory limit."""
+    doc = problem_doc(p=rng.choice([2, 3]), m=rng.choice([2, 3, 4]), chunks=rng.choice([1, 2, 2]),
+                      placement=rng.choice(["loop", "v"]), split=rng.random() < 0.8,
+                      b=rng.choice([1.0, 1.5]), w=rng.choice([0.5, 1.0]), p2p=rng.choice([0.0, 0.1]))
+    for stage_doc in doc["stages"]:
+        stage_doc["forward_ms"] = rng.choice([0.5, 1.0, 2.0, 3.0])
+    return Problem.model_validate(doc)
 
 
 def at_least_memory_times(doc: dict, shares: list[float]) -> Problem:

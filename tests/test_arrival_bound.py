@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from core_schedules import problem_doc
+from core_schedules import problem_doc, uneven_forwards
 from oracles import blind_optimum
 
 from planner.bounds import arrival_bound, forward_arrivals, free_lower_bound, lower_bound
@@ -43,20 +43,10 @@ def test_hand_values_are_the_optima(m, optimum):
     assert result.plan.makespan_ms == pytest.approx(optimum)
 
 
-def uneven_forwards(rng: random.Random) -> Problem:
-    """Small problems whose forwards differ by stage, so upstream stages can starve a device."""
-    doc = problem_doc(p=rng.choice([2, 3]), m=rng.choice([2, 3, 4]), chunks=rng.choice([1, 2, 2]),
-                      placement=rng.choice(["loop", "v"]), split=rng.random() < 0.8,
-                      b=rng.choice([1.0, 1.5]), w=rng.choice([0.5, 1.0]), p2p=rng.choice([0.0, 0.1]))
-    for stage in doc["stages"]:
-        stage["forward_ms"] = rng.choice([0.5, 1.0, 2.0, 3.0])
-    return Problem.model_validate(doc)
-
-
 @pytest.mark.parametrize("seed", range(8))
 def test_never_above_a_blind_optimum(seed):
     """Random problems where the bound beats the memory-free one: never above the optimum CP-SAT
-    proves without it (one-off runs, seeds 1-3 of this family: 430 such problems, 0 violations)."""
+    proves without it (more: `bench/bounds.py --family uneven`)."""
     rng = random.Random(seed)
     for _ in range(200):
         problem = uneven_forwards(rng)
