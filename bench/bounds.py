@@ -3,13 +3,16 @@
     .venv/bin/python bench/bounds.py --seed 1 --problems 150
     .venv/bin/python bench/bounds.py --seed 7 --problems 200
     .venv/bin/python bench/bounds.py --family uneven --seed 1 --problems 300
+    .venv/bin/python bench/bounds.py --family copies --seed 1 --problems 300
 
 Random small problems (2-4 devices, 2-5 microbatches, 1-2 chunks, split or not, offload and
 recompute on or off, limits 1-2x the least memory; `--family uneven`: forwards that differ by stage,
-no memory limit, where planner.bounds.arrival_bound binds), each solved by CP-SAT *blind* to
-planner.solver.memory_bound and to planner.bounds' arrival, warmup and exclusive bounds (it knows only
-free_lower_bound): the solver normally gives those bounds to the model as the makespan's floor and
-calls a plan meeting them optimal, so an oracle that knew them could not catch them being too high.
+no memory limit, where planner.bounds.arrival_bound binds; `--family copies`: two stages per device,
+copies slower than forwards, a heavy last stage, where planner.solver.chunk_warmup binds), each
+solved by CP-SAT *blind* to planner.solver.memory_bound and to planner.bounds' arrival, warmup and
+exclusive bounds (it knows only free_lower_bound): the solver normally gives those bounds to the
+model as the makespan's floor and calls a plan meeting them optimal, so an oracle that knew them
+could not catch them being too high.
 Every proven optimum is compared with all of them; any violation is printed and fails the run.
 """
 
@@ -23,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from core_schedules import problem_doc, uneven_forwards  # the tests' problem builders
+from core_schedules import problem_doc, slow_copies_chunked, uneven_forwards  # the tests' builders
 from oracles import blind_to_memory_bounds  # the tests' blind CP-SAT
 
 from planner.bounds import free_lower_bound, lower_bound, min_memory
@@ -43,16 +46,20 @@ def random_problem(rng: random.Random) -> Problem:
     return Problem.model_validate(doc)
 
 
+FAMILIES = {"memory": random_problem, "uneven": uneven_forwards, "copies": slow_copies_chunked}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--problems", type=int, default=150)
     ap.add_argument("--seconds", type=float, default=5.0, help="CP-SAT time per problem")
-    ap.add_argument("--family", choices=("memory", "uneven"), default="memory",
-                    help="memory limits and treatments (default), or uneven forwards without limits")
+    ap.add_argument("--family", choices=tuple(FAMILIES), default="memory",
+                    help="memory limits and treatments (default), uneven forwards without limits, or"
+                         " slow copies with two stages per device")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
-    build = random_problem if args.family == "memory" else uneven_forwards
+    build = FAMILIES[args.family]
     proven = violations = stronger = warmup_wins = 0
     for n in range(1, args.problems + 1):
         problem = build(rng)

@@ -59,6 +59,23 @@ def uneven_forwards(rng: random.Random) -> Problem:
     return Problem.model_validate(doc)
 
 
+def slow_copies_chunked(rng: random.Random) -> Problem:
+    """A small random problem with two stages per device, copies slower than forwards and a heavy
+    last stage that cannot be offloaded, at 1-2x the least memory: where the copies that have ended
+    by a device's last forward before its first backward decide how many forwards fit
+    (planner.solver.chunk_warmup's family)."""
+    p = rng.choice([2, 3])
+    doc = problem_doc(p, rng.choice([3, 4, 5]), chunks=2, placement=rng.choice(["v", "loop"]),
+                      offload=True, recompute=rng.random() < 0.5, split=rng.random() < 0.7,
+                      offload_ms=rng.choice([1.0, 1.5, 2.0, 3.0]))
+    for stage_doc in doc["stages"]:
+        stage_doc["forward_ms"] = rng.choice([0.5, 1.0, 1.5])
+        stage_doc["activation_mib"] = rng.choice([60.0, 100.0, 150.0])
+        stage_doc["offloadable_mib"] = stage_doc["activation_mib"] * rng.choice([0.8, 1.0])
+    doc["stages"][-1].update(activation_mib=rng.choice([200.0, 300.0]), offloadable_mib=0.0)
+    return at_least_memory_times(doc, [rng.choice([1.0, 1.2, 1.5, 2.0]) for _ in range(p)])
+
+
 def at_least_memory_times(doc: dict, shares: list[float]) -> Problem:
     """`doc` validated with device d's memory limit at shares[d] x the least it needs (min_memory)."""
     need = min_memory(Problem.model_validate(doc))

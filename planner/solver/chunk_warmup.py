@@ -14,8 +14,11 @@ stage), with every other op after U:
 subject to memory at U (sum act h + (act - offloadable) q + checkpoint n <= free, h_{k*} >= 1), the
 compute lane (the forwards fit between the device's earliest forward and U, each stage's after its
 own earliest start), the device-to-host lane (the offloads fit between the first forward's end and
-U) and M per stage. A small integer program minimises the right-hand side over U and the counts; its
-proven bound is used, so a time-out only weakens it.
+U) and M per stage. Memory must also hold at the start of the last of those forwards, t* <= U -
+(the shortest forward): every one of them has allocated by then, and only the copies the lane has
+ended by t* have freed anything (c_k <= q_k of them: sum act (h + q) + checkpoint n - offloadable c
+<= free, their copies within t* - the first forward's end). A small integer program minimises the
+right-hand side over U and the counts; its proven bound is used, so a time-out only weakens it.
 
 Where the LM head shares device 0 with the embedding stage (Gemma-2-9B-like V on 8 GPUs at 70% of
 1F1B's memory: 4,704 MiB free, the head's activation 4,056), no embedding activation can stay beside
@@ -53,34 +56,45 @@ def chunked_warmup_waste(problem: Problem, d: int) -> float:
     last = max(stages)
     head = min(forward_head(problem, k) for k in stages)
     first_end = min(forward_head(problem, k) + problem.stages[k].forward_ms for k in stages)
+    shortest = min(problem.stages[k].forward_ms for k in stages)
     u = solver.NumVar(first_backward_start(problem, last), solver.infinity(), "U")
     useful, memory, compute, d2h = [], [], [], []
+    allocated, copied, d2h_by_last = [], [], []  # at the last forward's start
     for k in stages:
         s = problem.stages[k]
         kept = solver.IntVar(1.0 if k == last else 0.0, m, f"kept{k}")
         counts = [kept]
         useful.append(s.forward_ms * kept)
         memory.append(s.activation_mib * kept)
+        allocated.append(s.activation_mib * kept)
         if opts.offload and (s.offloadable_mib or 0.0) > 0:
             off = solver.IntVar(0.0, m, f"off{k}")
+            ended = solver.IntVar(0.0, m, f"ended{k}")  # its copies ended by the last forward's start
+            solver.Add(ended <= off)
             counts.append(off)
             useful.append(s.forward_ms * off)
             memory.append((s.activation_mib - s.offloadable_mib) * off)
+            allocated.append(s.activation_mib * off)
+            copied.append(s.offloadable_mib * ended)
             d2h.append((s.offload_ms or 0.0) * off)
+            d2h_by_last.append((s.offload_ms or 0.0) * ended)
         if opts.recompute:
             rec = solver.IntVar(0.0, m, f"rec{k}")
             counts.append(rec)
             recompute_ms = s.recompute_ms if s.recompute_ms is not None else s.forward_ms
             useful.append(max(0.0, s.forward_ms - recompute_ms) * rec)
             memory.append(s.checkpoint_mib * rec)
+            allocated.append(s.checkpoint_mib * rec)
         forwards = solver.Sum(counts)
         solver.Add(forwards <= m)
         solver.Add(s.forward_ms * forwards <= u - forward_head(problem, k))
         compute.append(s.forward_ms * forwards)
     solver.Add(solver.Sum(memory) <= cap)
     solver.Add(solver.Sum(compute) <= u - head)
+    solver.Add(solver.Sum(allocated) - solver.Sum(copied) <= cap)
     if d2h:
         solver.Add(solver.Sum(d2h) <= u - first_end)
+        solver.Add(solver.Sum(d2h_by_last) <= u - shortest - first_end)
     solver.Minimize(u - solver.Sum(useful))
     status = solver.Solve()
     if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
