@@ -58,14 +58,15 @@ def chunked_warmup_waste(problem: Problem, d: int) -> float:
     first_end = min(forward_head(problem, k) + problem.stages[k].forward_ms for k in stages)
     shortest = min(problem.stages[k].forward_ms for k in stages)
     u = solver.NumVar(first_backward_start(problem, last), solver.infinity(), "U")
-    useful, memory, compute, d2h = [], [], [], []
-    allocated, copied, d2h_by_last = [], [], []  # at the last forward's start
+    # every forward before U has allocated by the last one's start; copies free memory as they end:
+    # all of them by U, those ended by then by the last forward's start
+    useful, compute, allocated = [], [], []
+    freed_by_u, d2h_by_u, freed_by_last, d2h_by_last = [], [], [], []
     for k in stages:
         s = problem.stages[k]
         kept = solver.IntVar(1.0 if k == last else 0.0, m, f"kept{k}")
         counts = [kept]
         useful.append(s.forward_ms * kept)
-        memory.append(s.activation_mib * kept)
         allocated.append(s.activation_mib * kept)
         if opts.offload and (s.offloadable_mib or 0.0) > 0:
             off = solver.IntVar(0.0, m, f"off{k}")
@@ -73,27 +74,26 @@ def chunked_warmup_waste(problem: Problem, d: int) -> float:
             solver.Add(ended <= off)
             counts.append(off)
             useful.append(s.forward_ms * off)
-            memory.append((s.activation_mib - s.offloadable_mib) * off)
             allocated.append(s.activation_mib * off)
-            copied.append(s.offloadable_mib * ended)
-            d2h.append((s.offload_ms or 0.0) * off)
+            freed_by_u.append(s.offloadable_mib * off)
+            freed_by_last.append(s.offloadable_mib * ended)
+            d2h_by_u.append((s.offload_ms or 0.0) * off)
             d2h_by_last.append((s.offload_ms or 0.0) * ended)
         if opts.recompute:
             rec = solver.IntVar(0.0, m, f"rec{k}")
             counts.append(rec)
             recompute_ms = s.recompute_ms if s.recompute_ms is not None else s.forward_ms
             useful.append(max(0.0, s.forward_ms - recompute_ms) * rec)
-            memory.append(s.checkpoint_mib * rec)
             allocated.append(s.checkpoint_mib * rec)
         forwards = solver.Sum(counts)
         solver.Add(forwards <= m)
         solver.Add(s.forward_ms * forwards <= u - forward_head(problem, k))
         compute.append(s.forward_ms * forwards)
-    solver.Add(solver.Sum(memory) <= cap)
     solver.Add(solver.Sum(compute) <= u - head)
-    solver.Add(solver.Sum(allocated) - solver.Sum(copied) <= cap)
-    if d2h:
-        solver.Add(solver.Sum(d2h) <= u - first_end)
+    solver.Add(solver.Sum(allocated) - solver.Sum(freed_by_u) <= cap)
+    solver.Add(solver.Sum(allocated) - solver.Sum(freed_by_last) <= cap)
+    if d2h_by_u:
+        solver.Add(solver.Sum(d2h_by_u) <= u - first_end)
         solver.Add(solver.Sum(d2h_by_last) <= u - shortest - first_end)
     solver.Minimize(u - solver.Sum(useful))
     status = solver.Solve()
