@@ -58,10 +58,9 @@ def chunked_warmup_waste(problem: Problem, d: int) -> float:
     first_end = min(forward_head(problem, k) + problem.stages[k].forward_ms for k in stages)
     shortest = min(problem.stages[k].forward_ms for k in stages)
     u = solver.NumVar(first_backward_start(problem, last), solver.infinity(), "U")
-    # every forward before U has allocated by the last one's start; copies free memory as they end:
-    # all of them by U, those ended by then by the last forward's start
     useful, compute, allocated = [], [], []
-    freed_by_u, d2h_by_u, freed_by_last, d2h_by_last = [], [], [], []
+    # (stage, how many of its copies have ended) by U, and by the last forward's start
+    ended_by_u, ended_by_last = [], []
     for k in stages:
         s = problem.stages[k]
         kept = solver.IntVar(1.0 if k == last else 0.0, m, f"kept{k}")
@@ -75,10 +74,8 @@ def chunked_warmup_waste(problem: Problem, d: int) -> float:
             counts.append(off)
             useful.append(s.forward_ms * off)
             allocated.append(s.activation_mib * off)
-            freed_by_u.append(s.offloadable_mib * off)
-            freed_by_last.append(s.offloadable_mib * ended)
-            d2h_by_u.append((s.offload_ms or 0.0) * off)
-            d2h_by_last.append((s.offload_ms or 0.0) * ended)
+            ended_by_u.append((s, off))
+            ended_by_last.append((s, ended))
         if opts.recompute:
             rec = solver.IntVar(0.0, m, f"rec{k}")
             counts.append(rec)
@@ -90,11 +87,13 @@ def chunked_warmup_waste(problem: Problem, d: int) -> float:
         solver.Add(s.forward_ms * forwards <= u - forward_head(problem, k))
         compute.append(s.forward_ms * forwards)
     solver.Add(solver.Sum(compute) <= u - head)
-    solver.Add(solver.Sum(allocated) - solver.Sum(freed_by_u) <= cap)
-    solver.Add(solver.Sum(allocated) - solver.Sum(freed_by_last) <= cap)
-    if d2h_by_u:
-        solver.Add(solver.Sum(d2h_by_u) <= u - first_end)
-        solver.Add(solver.Sum(d2h_by_last) <= u - shortest - first_end)
+    # every forward before U has allocated by the last one's start; copies free memory as they end:
+    # all of them by U, those ended by then by the last forward's start (at U - shortest at the latest)
+    for copies, moment in ((ended_by_u, u), (ended_by_last, u - shortest)):
+        freed = solver.Sum([st.offloadable_mib * n for st, n in copies])
+        solver.Add(solver.Sum(allocated) - freed <= cap)
+        if copies:
+            solver.Add(solver.Sum([(st.offload_ms or 0.0) * n for st, n in copies]) <= moment - first_end)
     solver.Minimize(u - solver.Sum(useful))
     status = solver.Solve()
     if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
