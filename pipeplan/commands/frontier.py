@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from pipeplan.io import bad_input, problem_from_doc, read_json, write_bytes, write_json
+from pipeplan.settings import get_settings
 
 GIB = 1024.0
 
@@ -63,8 +64,6 @@ def _load(path: Path, offload: bool | None, recompute: bool | None):
 
     try:
         problem = problem_from_doc(doc)
-        from pipeplan.settings import get_settings
-
         problem.check_limits(get_settings().limits)
     except (ValidationError, ValueError, TypeError, KeyError) as exc:
         bad_input(f"{path}: " + "; ".join(error_messages(exc)))
@@ -141,7 +140,7 @@ def frontier_cmd(
         previous = signal.signal(signal.SIGINT, lambda *_: stop.set())  # Ctrl-C: finish with what is solved
         try:
             result = compute_frontier(problem, points, time_limit, on_progress=_progress(started), stop=stop,
-                                      workers=workers)
+                                      workers=workers or get_settings().solver_workers)
         finally:
             signal.signal(signal.SIGINT, previous)
         doc = result.to_document()

@@ -59,13 +59,10 @@ class SolveResult:
 
 
 def default_workers() -> int:
-    try:
-        from pipeplan.settings import get_settings
-
-        wanted = get_settings().solver_workers
-    except Exception:  # noqa: BLE001 - the planner stays usable without the app's settings
-        wanted = 8
-    return max(1, min(wanted, os.cpu_count() or 1))
+    """CP-SAT workers when the caller names none: one per core, at most 8 (more than the cores only
+    slows CP-SAT down). The planner reads no app settings (imports point down); the worker and the CLI
+    pass `Settings.solver_workers`, whose default is this same rule."""
+    return max(1, min(8, os.cpu_count() or 1))
 
 
 # Cheapest baselines first, so the first plan streams within a fraction of a second; greedy (usually
