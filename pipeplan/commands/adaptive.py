@@ -24,6 +24,7 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
 
         from pipeplan.io import fail, read_json, write_json
+        from pipeplan.settings import get_settings
         from planner.adaptive import plan_adaptive
         from planner.bounds import MemoryInfeasibleError
         from planner.contract import error_messages
@@ -40,7 +41,8 @@ def register(app: typer.Typer) -> None:
         except (ValidationError, ValueError) as exc:
             fail(f"{spec}: " + "; ".join(error_messages(exc)))
         try:
-            result = plan_adaptive(parsed, time_limit_s=time_limit, solve_top=solve_top)
+            result = plan_adaptive(parsed, time_limit_s=time_limit, solve_top=solve_top,
+                                   workers=get_settings().solver_workers)
         except MemoryInfeasibleError as exc:
             fail(str(exc))
         typer.echo(result.table(), err=True)
