@@ -9,9 +9,8 @@ function is still a circle in the design.
 from __future__ import annotations
 
 import ast
-from pathlib import Path
-
 from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("planner", "service", "worker", "client", "pipeplan")

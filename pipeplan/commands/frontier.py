@@ -173,4 +173,4 @@ def register(app: typer.Typer) -> None:
     app.command("frontier")(frontier_cmd)
 
 
-__all__ = ["register", "answer_queries"]
+__all__ = ["answer_queries", "register"]

@@ -37,8 +37,8 @@ def solve_cmd(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the plan here instead of stdout.")] = None,
 ) -> None:
     """Find a schedule faster than every heuristic at the same memory; write the best valid plan v1."""
-    from planner.bounds import MemoryInfeasibleError, lower_bound
     from pipeplan.settings import get_settings
+    from planner.bounds import MemoryInfeasibleError, lower_bound
     from planner.solver import ENGINES, solve
     from service.outcomes import describe
 
@@ -50,7 +50,8 @@ def solve_cmd(
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())  # Ctrl-C: stop, keep the best plan
     try:
         result = solve(problem, time_limit, on_improvement=_progress(started, lower_bound(problem)),
-                       stop=stop, engine=engine, workers=workers or get_settings().solver_workers, seed=seed, deterministic=deterministic)
+                       stop=stop, engine=engine, workers=workers or get_settings().solver_workers, seed=seed,
+                       deterministic=deterministic)
     except MemoryInfeasibleError as exc:
         needed = ", ".join(f"device {d}: {n:.1f} MiB" for d, n in enumerate(exc.needed_mib))
         fail(f"{exc}. Least memory per device for any schedule: {needed}")
