@@ -26,9 +26,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PIPEPLAN_", env_nested_delimiter="__")
 
     # Solver
-    solver_workers: int = Field(
-        default_factory=lambda: max(1, min(8, os.cpu_count() or 1)),
-        description="CP-SAT search workers per solve; more than the cores only slows it down.",
+    solver_workers: int | None = Field(
+        None, ge=1,
+        description="CP-SAT search workers per solve; unset, the planner's default (one per core, at"
+                    " most 8: planner.solver.api.default_workers). More than the cores only slows it down.",
     )
     default_time_budget_s: float = Field(60.0, description="Refine budget when a POST gives none.")
     max_time_budget_s: float = Field(3600.0, description="Largest refine budget a client may ask for.")

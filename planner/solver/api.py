@@ -60,8 +60,8 @@ class SolveResult:
 
 def default_workers() -> int:
     """CP-SAT workers when the caller names none: one per core, at most 8 (more than the cores only
-    slows CP-SAT down). The planner reads no app settings (imports point down); the worker and the CLI
-    pass `Settings.solver_workers`, whose default is this same rule."""
+    slows CP-SAT down). The planner reads no app settings (imports point down): the worker and the
+    CLI pass `Settings.solver_workers`, which is None, so this rule, unless set."""
     return max(1, min(8, os.cpu_count() or 1))
 
 
