@@ -17,8 +17,8 @@ COPY worker ./worker
 COPY client ./client
 COPY migrations ./migrations
 COPY alembic.ini ./
-# Editable install: `pipeplan migrate` finds migrations/ next to service/ in /app.
-RUN pip install -e ".[server]"
+# Every folder installs under the one name `pipeplan` (pyproject.toml's package-dir).
+RUN pip install ".[server]"
 
 RUN useradd --create-home --uid 10001 pipeplan && mkdir -p /data && chown pipeplan /data
 USER pipeplan

@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner import baselines
-from planner.adaptive import plan_adaptive
-from planner.costmodel import Spec, build_problem, layer_costs, uniform_partition
+from pipeplan.planner import baselines
+from pipeplan.planner.adaptive import plan_adaptive
+from pipeplan.planner.costmodel import Spec, build_problem, layer_costs, uniform_partition
 
 MODELS: dict[str, dict] = {
     # Gemma-2-9B-like: 256k vocabulary, tied embeddings; the LM head costs about 4 blocks.

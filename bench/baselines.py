@@ -14,9 +14,9 @@ from __future__ import annotations
 import sys
 import time
 
-from planner.baselines import DoesNotFit, NotApplicable, best_heuristic, run_baseline
-from planner.bounds import lower_bound
-from planner.contract import Problem
+from pipeplan.planner.baselines import DoesNotFit, NotApplicable, best_heuristic, run_baseline
+from pipeplan.planner.bounds import lower_bound
+from pipeplan.planner.contract import Problem
 
 CASES = [  # (label, P, M, het, 1F1B, ZB-H1, ZB auto @1p, ZB auto @P/2, ZB-V @1p, V-auto @P/2)
     ("uni P=4 M=8", 4, 8, False, 33, 27, 27, 51, 25.5, 29.5),

@@ -28,11 +28,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from core_schedules import problem_doc, slow_copies_chunked, uneven_forwards  # the tests' builders
 from oracles import blind_to_memory_bounds  # the tests' blind CP-SAT
-
-from planner.bounds import free_lower_bound, lower_bound, min_memory
-from planner.contract import Problem
-from planner.solver import solve
-from planner.solver.memory_bound import memory_lower_bound
+from pipeplan.planner.bounds import free_lower_bound, lower_bound, min_memory
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.solver import solve
+from pipeplan.planner.solver.memory_bound import memory_lower_bound
 
 
 def random_problem(rng: random.Random) -> Problem:

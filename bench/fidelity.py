@@ -38,11 +38,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from client.emulated_pipeline import Job, run_emulated  # noqa: E402
-from planner.baselines import run_baseline  # noqa: E402
-from planner.bounds import min_memory  # noqa: E402
-from planner.contract import Plan, Problem  # noqa: E402
-from planner.fidelity import calibrated_problem, fidelity, retime  # noqa: E402
+from pipeplan.client.emulated_pipeline import Job, run_emulated  # noqa: E402
+from pipeplan.planner.baselines import run_baseline  # noqa: E402
+from pipeplan.planner.bounds import min_memory  # noqa: E402
+from pipeplan.planner.contract import Plan, Problem  # noqa: E402
+from pipeplan.planner.fidelity import calibrated_problem, fidelity, retime  # noqa: E402
 
 F_MS, B_MS, W_MS, COPY_MS, P2P_MS = 20.0, 24.0, 16.0, 12.0, 1.0
 
@@ -72,7 +72,7 @@ def limited(base: Problem, fraction: float) -> Problem:
 
 
 def solved(base: Problem, seconds: float) -> Plan:
-    from planner.solver import solve
+    from pipeplan.planner.solver import solve
 
     return solve(base, seconds, workers=1, seed=0).plan
 

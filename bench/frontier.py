@@ -20,9 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pipeplan.planner.documents import problem_from_document  # noqa: E402
+from pipeplan.planner.frontier import compute_frontier, scaled  # noqa: E402
+
 from bench.model_suite import find  # noqa: E402
-from planner.documents import problem_from_document  # noqa: E402
-from planner.frontier import compute_frontier, scaled  # noqa: E402
 
 DEFAULT_CASES = "llama2-7b-p8,qwen2.5-3b-p8-tied,llama3-8b-p8-v"
 
@@ -35,7 +36,7 @@ def problem_of(name: str):
 
 def dense_excess(problem, fr, dense: int, time_limit: float, workers: int) -> tuple[float, float]:
     """(worst, mean) % by which the frontier's curve exceeds a direct solve at `dense` budgets."""
-    from planner.solver import solve
+    from pipeplan.planner.solver import solve
 
     excess = []
     for i in range(dense):

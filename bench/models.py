@@ -31,13 +31,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeplan.planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
+from pipeplan.planner.bounds import MemoryInfeasibleError, check_memory_feasible
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.costmodel import HARDWARE
+from pipeplan.planner.documents import problem_from_document
+
 from bench.common import best_by, run_forked
 from bench.model_suite import BUDGET_SHARES, SUITE, Case
-from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
-from planner.bounds import MemoryInfeasibleError, check_memory_feasible
-from planner.contract import Plan, Problem
-from planner.costmodel import HARDWARE
-from planner.documents import problem_from_document
 
 GIB = 1024.0  # MiB
 OURS = ("greedy",)  # our own heuristic (the solver's seed), not a peer
@@ -117,7 +118,7 @@ def peer_cell(problem: Problem, name: str) -> tuple[str, float | None]:
 
 def measure(row: Row, limits: list[float]) -> dict[str, Any]:
     """Peers, then one solve of max(limits) seconds; everything a table row needs."""
-    from planner.solver import solve
+    from pipeplan.planner.solver import solve
 
     problem = row.problem()
     try:

@@ -25,12 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeplan.planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
+from pipeplan.planner.baselines.offload import pipeoffload_outcome
+from pipeplan.planner.bounds import lower_bound
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.solver.memory_bound import memory_lower_bound
+
 from bench.common import best_by, run_forked
-from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
-from planner.baselines.offload import pipeoffload_outcome
-from planner.bounds import lower_bound
-from planner.contract import Problem
-from planner.solver.memory_bound import memory_lower_bound
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def make_problem(c: Case) -> Problem:
 
 
 def _solve(case: Case, seconds: float, engine: str) -> dict:
-    from planner.solver import solve
+    from pipeplan.planner.solver import solve
 
     r = solve(make_problem(case), seconds, engine=engine, seed=0)
     return {"makespan": r.plan.makespan_ms, "bubble": r.plan.bubble_ratio, "gap": r.plan.gap,

@@ -32,7 +32,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.contract import Device, Options, Problem, Stage
+from pipeplan.planner.contract import Device, Options, Problem, Stage
 
 
 def problem(devices: int = 8, microbatches: int = 32, tag: str = "") -> Problem:
@@ -177,11 +177,11 @@ def start_server(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
 
 def sse_latency(base: str, settings, improvements: int, subscribers: int) -> dict:
     """Bench plays the worker: store a better revision, publish it; clients time its arrival."""
-    from planner.ops import Kind, Op
-    from planner.simulator import DeviceOrder, Schedule, Timing, build_plan, simulate
-    from service.db import make_engine
-    from service.events import RedisPublisher, revision_message
-    from service.repository import Repository
+    from pipeplan.planner.ops import Kind, Op
+    from pipeplan.planner.simulator import DeviceOrder, Schedule, Timing, build_plan, simulate
+    from pipeplan.service.db import make_engine
+    from pipeplan.service.events import RedisPublisher, revision_message
+    from pipeplan.service.repository import Repository
 
     p = problem(8, 32)
     key = p.key()

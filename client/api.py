@@ -19,14 +19,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from pipeplan.planner.contract import Plan, Problem
 from pydantic import BaseModel, ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_random_exponential
 
-from planner.contract import Plan, Problem
-
-from .errors import (PlanClientError, PlanNotFound, PlanRequestError, ServiceUnavailable, WaitTimeout,
-                     reasons_of)
+from .errors import (
+    PlanClientError,
+    PlanNotFound,
+    PlanRequestError,
+    ServiceUnavailable,
+    WaitTimeout,
+    reasons_of,
+)
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.contract import Plan, Problem
-from planner.trace import Trace
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.trace import Trace
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from planner.contract import Problem
-from planner.ops import Kind, Op, duration
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.ops import Kind, Op, duration
 
 SPIN_S = 2e-4  # the last stretch of a wait, yielded rather than slept (longer than a wake-up's lateness)
 _PR_SET_TIMERSLACK = 29

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from planner.contract import Plan, Problem
-from planner.validator import validate_plan
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.validator import validate_plan
 
 from .api import PlanClient, TracePosted
 from .errors import PlanClientError, PlanNotFound, PlanRequestError, ServiceUnavailable

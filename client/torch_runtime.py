@@ -49,14 +49,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.exports import torch_csv
+from pipeplan.planner.ops import Kind
+from pipeplan.planner.trace import Trace
 from torch import nn
 from torch.distributed.pipelining import schedules as _schedules
 from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
-
-from planner.contract import Plan, Problem
-from planner.exports import torch_csv
-from planner.ops import Kind
-from planner.trace import Trace
 
 from .copy_lanes import CopyJob, OrderedLane
 from .emulation import Emulation
@@ -747,7 +746,7 @@ class PlannedSchedule:
             dist.gather_object(local.model_dump(), gathered, dst=dst, group=group)
             if gathered is None:
                 return None
-            from planner.trace import DeviceTrace
+            from pipeplan.planner.trace import DeviceTrace
 
             devices = [DeviceTrace.model_validate(d) for d in gathered]
         else:

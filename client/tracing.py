@@ -19,8 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
-from planner.trace import DeviceTrace, Trace, TraceOp, measured_makespan
+from pipeplan.planner.trace import DeviceTrace, Trace, TraceOp, measured_makespan
 
 MIB = float(1 << 20)
 

@@ -31,14 +31,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from pipeplan.client import OnlinePlan, PlanClient
+from pipeplan.client.torch_runtime import agree_on_plan, build_schedule
+from pipeplan.planner.contract import Plan, Problem
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
-
-from client import OnlinePlan, PlanClient
-from client.torch_runtime import agree_on_plan, build_schedule
-from planner.contract import Plan, Problem
 
 HARDWARE = {"name": "cpu", "peak_tflops": 0.01, "mfu": 0.5, "hbm_gib": 1.0, "hbm_gbps": 10,
             "host_link_gbps": 1, "link_gbps": 2}
@@ -47,7 +44,7 @@ HARDWARE = {"name": "cpu", "peak_tflops": 0.01, "mfu": 0.5, "hbm_gib": 1.0, "hbm
 # -- the problem ------------------------------------------------------------------------------------
 def build_problem(args) -> Problem:
     """The cost model's problem for the model below; --tight-memory lowers every device's limit."""
-    from planner.documents import problem_from_document
+    from pipeplan.planner.documents import problem_from_document
 
     spec = {"model": {"name": "tiny-gpt", "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
                       "vocab": args.vocab, "seq_len": args.seq, "micro_batch_size": args.mbs, "dtype": "fp32",
@@ -59,8 +56,8 @@ def build_problem(args) -> Problem:
     problem = problem_from_document(spec)
     if not args.tight_memory:
         return problem
-    from planner.baselines import run_baseline
-    from planner.bounds import min_memory
+    from pipeplan.planner.baselines import run_baseline
+    from pipeplan.planner.bounds import min_memory
 
     # halfway between the least memory any schedule needs and what plain 1F1B uses
     peak = run_baseline(problem, "1f1b").peak_memory_mib
@@ -157,8 +154,8 @@ def plan_source(problem: Problem, a) -> tuple[OnlinePlan, threading.Event, threa
     if a.url:
         return OnlinePlan(PlanClient(a.url), problem, time_budget_s=a.time_budget, store=store,
                           poll_interval_s=0.5), stop, None
-    from planner.baselines import best_heuristic, run_baseline
-    from planner.solver import solve
+    from pipeplan.planner.baselines import best_heuristic, run_baseline
+    from pipeplan.planner.solver import solve
 
     def first_plan(p: Problem) -> Plan:
         try:  # start from plain 1F1B so the solver has something to improve on

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from alembic import context
+from pipeplan.service.models import Base
 from sqlalchemy import engine_from_config, pool
-
-from service.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import typer
 from pydantic import BaseModel, ValidationError
 
-from planner.contract import PROBLEM_FORMAT, Limits, Plan, Problem, error_messages
+from pipeplan.planner.contract import PROBLEM_FORMAT, Limits, Plan, Problem, error_messages
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -58,7 +58,7 @@ def problem_from_doc(doc: Any) -> Problem:
     """A problem v1 document, or a model spec turned into one by the cost model (detected)."""
     if isinstance(doc, dict) and (doc.get("format") == PROBLEM_FORMAT or "stages" in doc):
         return Problem.model_validate(doc)  # no cost model needed for a problem document
-    from planner.documents import problem_from_document
+    from pipeplan.planner.documents import problem_from_document
 
     return problem_from_document(doc)
 

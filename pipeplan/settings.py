@@ -14,7 +14,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from planner.contract import Limits
+from pipeplan.planner.contract import Limits
 
 
 def _default_data_dir() -> Path:

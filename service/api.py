@@ -16,15 +16,14 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
+from pipeplan.planner.bounds import MemoryInfeasibleError
+from pipeplan.planner.contract import Problem
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
-from planner.bounds import MemoryInfeasibleError
-from planner.contract import Problem
-
-from .errors import MAX_OFFSET, MAX_REVISION, ApiError, reject_nul
 from . import exports_cache, inline
 from .admission import rate_limited, stream_admitted
+from .errors import MAX_OFFSET, MAX_REVISION, ApiError, reject_nul
 from .events import job_message
 from .flight import single_flight
 from .models import CANCELLED, JOB_STATES, QUEUED

@@ -15,8 +15,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
-from pydantic import BaseModel
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -164,9 +164,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     home_url = "/docs"
     try:  # the dashboard helper's router, when present
-        dashboard = importlib.import_module("service.dashboard")
+        dashboard = importlib.import_module("pipeplan.service.dashboard")
     except ModuleNotFoundError as exc:
-        if exc.name != "service.dashboard":
+        if exc.name != "pipeplan.service.dashboard":
             raise
     else:
         from . import dashboard_frontier  # builds on the dashboard: /dashboard/frontiers/{key}

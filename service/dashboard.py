@@ -27,9 +27,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from fastapi.templating import Jinja2Templates
+from pipeplan.planner.contract import Plan, Problem
 from starlette.concurrency import run_in_threadpool
-
-from planner.contract import Plan, Problem
 
 from . import dashboard_data as data
 from . import dashboard_traces, exports_cache, heap

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from planner.contract import Plan, Problem
+from pipeplan.planner.contract import Plan, Problem
 
 from . import dashboard_views as views
 
@@ -94,7 +94,7 @@ class BaselineRow:
 
 def _baselines_module():
     try:
-        from planner import baselines
+        from pipeplan.planner import baselines
     except ImportError:  # the baselines helper's module is not there (yet): say so on the page
         return None
     return baselines if hasattr(baselines, "run_baseline") else None
@@ -194,9 +194,9 @@ def build_baselines(job: dict[str, Any]) -> dict[str, Any]:
     the API process must not spend). Returns {"rows": n, "note": ...} or {"error": {...}}."""
     from pathlib import Path
 
-    from service.db import make_engine
-    from service.exports_cache import write_baselines
-    from service.repository import Repository
+    from pipeplan.service.db import make_engine
+    from pipeplan.service.exports_cache import write_baselines
+    from pipeplan.service.repository import Repository
 
     engine = make_engine(job["database_url"], 1)
     try:

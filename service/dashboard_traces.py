@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from planner.contract import Problem
+from pipeplan.planner.contract import Problem
 
 from . import dashboard_views as views
 from .repository import TraceInfo, TraceStore

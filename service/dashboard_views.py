@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from html import escape
 
-from planner.contract import Plan, Problem
-from planner.memory import TimedOp, memory_curve
-from planner.ops import Kind, Lane, choices_from_ops, lane_of, op_of
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.memory import TimedOp, memory_curve
+from pipeplan.planner.ops import Kind, Lane, choices_from_ops, lane_of, op_of
 
 # Colour per op kind: the same table drives the SVG classes (CSS) and the legend.
 KIND_COLOURS: dict[str, str] = {

@@ -43,7 +43,7 @@ def render(problem: Any, plan: Any, kind: str) -> bytes:
     """The export's bytes (planner.exports); runs in the child process."""
     import json
 
-    from planner.exports import chrome_trace, torch_csv
+    from pipeplan.planner.exports import chrome_trace, torch_csv
 
     if kind == "torch.csv":
         return torch_csv(problem, plan).encode()
@@ -76,10 +76,9 @@ def write_atomically(path: Path, data: bytes) -> None:
 def build(job: dict[str, Any]) -> dict[str, Any]:
     """Child-process entry (service.inline.run_in_child): load the revision, render, store gzipped.
     Returns {"path", "bytes"} or {"error": {...}} (404 when the revision does not exist)."""
-    from planner.contract import Plan
-
-    from service.db import make_engine
-    from service.repository import Repository
+    from pipeplan.planner.contract import Plan
+    from pipeplan.service.db import make_engine
+    from pipeplan.service.repository import Repository
 
     key, revision, kind = job["key"], job["revision"], job["kind"]
     engine = make_engine(job["database_url"], 1)

@@ -16,11 +16,10 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
+from pipeplan.planner.bounds import MemoryInfeasibleError
+from pipeplan.planner.contract import Limits, Plan, Problem
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
-
-from planner.bounds import MemoryInfeasibleError
-from planner.contract import Limits, Plan, Problem
 
 from . import inline
 from .admission import stream_admitted
@@ -71,10 +70,10 @@ def _store(st: ServiceState) -> FrontierStore:
 
 def plan_points(problem: Problem, points: int) -> tuple[dict[str, Any], list[tuple[float, Problem, Plan, float]]]:
     """The setup document and, per point, (factor, problem, revision-1 plan, proven bound there)."""
-    from planner.baselines import best_heuristic
-    from planner.bounds import lower_bound
-    from planner.frontier import choose_factors, peer_points, rekey, scaled, setup, unlimited
-    from planner.solver.memory_bound import memory_lower_bound
+    from pipeplan.planner.baselines import best_heuristic
+    from pipeplan.planner.bounds import lower_bound
+    from pipeplan.planner.frontier import choose_factors, peer_points, rekey, scaled, setup, unlimited
+    from pipeplan.planner.solver.memory_bound import memory_lower_bound
 
     free_problem = unlimited(problem)
     peers = peer_points(problem)
@@ -165,7 +164,7 @@ def _point_answer(key: str, point: dict[str, Any]) -> dict[str, Any]:
 @router.get("/frontiers/{key}/least-memory", summary="The least memory per GPU that reaches target_ms",
             dependencies=[Depends(require_read)])
 def least_memory(key: str, request: Request, target_ms: float = Query(..., gt=0)) -> Any:
-    from planner.frontier import view_of
+    from pipeplan.planner.frontier import view_of
 
     view = view_of(_curve(state_of(request), key))
     hit = view.least_memory(target_ms)
@@ -180,7 +179,7 @@ def least_memory(key: str, request: Request, target_ms: float = Query(..., gt=0)
 @router.get("/frontiers/{key}/fastest", summary="The fastest plan within budget_gib per GPU",
             dependencies=[Depends(require_read)])
 def fastest(key: str, request: Request, budget_gib: float = Query(..., gt=0)) -> Any:
-    from planner.frontier import view_of
+    from pipeplan.planner.frontier import view_of
 
     view = view_of(_curve(state_of(request), key))
     hit = view.fastest(budget_gib * GIB)

@@ -11,11 +11,10 @@ import hashlib
 import logging
 from typing import Any, Callable
 
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.frontier import FRONTIER_FORMAT, frontier_document, monotone, rekey
+from pipeplan.planner.validator import InvalidPlanError
 from sqlalchemy import and_, select
-
-from planner.contract import Plan, Problem
-from planner.frontier import FRONTIER_FORMAT, frontier_document, monotone, rekey
-from planner.validator import InvalidPlanError
 
 from .models import FrontierPointRow, FrontierRow, JobRow, ProblemRow, RevisionRow, utcnow
 from .repository import Repository

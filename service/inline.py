@@ -26,10 +26,9 @@ import threading
 import time
 from typing import Any
 
+from pipeplan.planner.bounds import MemoryInfeasibleError, check_memory_feasible
+from pipeplan.planner.contract import Limits, Plan, Problem, error_messages
 from pydantic import ValidationError
-
-from planner.bounds import MemoryInfeasibleError, check_memory_feasible
-from planner.contract import Limits, Plan, Problem, error_messages
 
 from .errors import ApiError, unavailable
 
@@ -44,10 +43,10 @@ CLASSIC = ("1f1b", "zb-h1", "zb-h2", "interleaved-1f1b", "zb-v")
 def first_plan(problem: Problem, key: str, greedy_s: float = 0.5, greedy_max_s: float = 3.0) -> Plan:
     """The fastest cheap plan (see the module docstring), not yet validated: its one caller,
     Repository.store_first, validates it before storing. Raises MemoryInfeasibleError."""
-    from planner.baselines import NotApplicable, baseline_outcome
-    from planner.baselines.classic import serialized_schedule
-    from planner.baselines.common import DoesNotFit, better, evaluate
-    from planner.bounds import lower_bound
+    from pipeplan.planner.baselines import NotApplicable, baseline_outcome
+    from pipeplan.planner.baselines.classic import serialized_schedule
+    from pipeplan.planner.baselines.common import DoesNotFit, better, evaluate
+    from pipeplan.planner.bounds import lower_bound
 
     check_memory_feasible(problem)
     best = None
@@ -69,7 +68,7 @@ def _top_variant(problem: Problem):
     0.15-0.4 s at P=32, M=128), evaluated and validated; None when it does not fit. Run before
     greedy_outcome, which first re-times its unit-cost patterns (as long again, and they rarely fit
     when no classic schedule does), so that a memory-aware plan is out in one engine run."""
-    from planner.baselines.greedy import greedy_tries, run_try, treatments
+    from pipeplan.planner.baselines.greedy import greedy_tries, run_try, treatments
 
     return run_try(problem, greedy_tries(problem, treatments(problem, pattern_fits=False))[0])
 
@@ -83,8 +82,8 @@ def _greedy_within(problem: Problem, soft_s: float, hard_s: float):
     The work runs in a daemon thread left behind when late (greedy_outcome goes on until one variant
     fits, minutes on the largest problems). Callers in a child process exit right after; in the API's
     threads only small problems get here (bounded by size)."""
-    from planner.baselines.common import better
-    from planner.baselines.greedy import greedy_outcome
+    from pipeplan.planner.baselines.common import better
+    from pipeplan.planner.baselines.greedy import greedy_outcome
 
     if hard_s <= 0:
         return None
@@ -126,7 +125,7 @@ def spec_memo(spec: dict[str, Any]) -> str:
 
 def check_spec(spec: dict[str, Any], limits: Limits) -> None:
     """Sizes of a raw spec, before anything is built (microseconds)."""
-    from planner.costmodel import check_spec_size
+    from pipeplan.planner.costmodel import check_spec_size
 
     try:
         check_spec_size(spec, limits)
@@ -136,7 +135,7 @@ def check_spec(spec: dict[str, Any], limits: Limits) -> None:
 
 def problem_from_spec(spec: dict[str, Any], limits: Limits) -> Problem:
     """The spec's problem; 422 naming the field on any invalid or oversized input."""
-    from planner.documents import problem_from_document
+    from pipeplan.planner.documents import problem_from_document
 
     try:
         problem = problem_from_document(spec, limits)  # "partition": "auto" goes through planner.adaptive
@@ -174,8 +173,8 @@ def ops_of(problem: Problem) -> int:
 def revision_one(job: dict[str, Any]) -> dict[str, Any]:
     """Convert (spec) or parse (problem), plan, store revision 1. Runs in the child; returns
     {"key", "created"} or {"error": {...}} (exceptions do not cross the pipe well)."""
-    from service.db import make_engine
-    from service.repository import Repository
+    from pipeplan.service.db import make_engine
+    from pipeplan.service.repository import Repository
 
     try:
         limits = Limits(**job["limits"])
@@ -223,9 +222,9 @@ def _context():
     with _CTX_LOCK:
         if _CTX is None:
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["service.inline", "planner.baselines", "planner.documents",
-                                        "service.repository", "service.db", "service.exports_cache",
-                                        "planner.exports"])
+            ctx.set_forkserver_preload(["pipeplan.service.inline", "pipeplan.planner.baselines", "pipeplan.planner.documents",
+                                        "pipeplan.service.repository", "pipeplan.service.db", "pipeplan.service.exports_cache",
+                                        "pipeplan.planner.exports"])
             _CTX = ctx
         return _CTX
 

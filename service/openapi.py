@@ -46,7 +46,7 @@ def _statuses(path: str, method: str, op: dict[str, Any]) -> list[int]:
 def _spec_schema(schema: dict[str, Any]) -> None:
     """PlanRequest.spec: planner.costmodel.Spec's schema instead of an untyped object."""
     try:
-        from planner.costmodel import Spec
+        from pipeplan.planner.costmodel import Spec
     except ImportError:
         return
     defs = schema.setdefault("components", {}).setdefault("schemas", {})

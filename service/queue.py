@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 
 log = logging.getLogger("pipeplan.queue")
 
-RQ_TASK = "worker.tasks.rq_refine"
+RQ_TASK = "pipeplan.worker.tasks.rq_refine"
 
 
 class JobQueue(Protocol):

@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.validator import InvalidPlanError, validate_plan
 from sqlalchemy import Engine, and_, func, insert, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
-
-from planner.contract import Plan, Problem
-from planner.validator import InvalidPlanError, validate_plan
 
 from .models import (
     ACTIVE_STATES,

@@ -1,12 +1,12 @@
 """Schema management: apply Alembic migrations, and refuse to serve an unmigrated database.
 
-`pipeplan migrate` and the app both locate migrations/ from this file, so neither depends on the
-current directory or on alembic.ini being found.
+`pipeplan migrate` and the app both locate the migrations as the installed package
+`pipeplan.migrations`, so neither depends on the current directory or on alembic.ini being found.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from importlib.resources import files
 
 from alembic import command
 from alembic.config import Config
@@ -14,7 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = str(files("pipeplan.migrations"))
 
 
 class SchemaNotReady(RuntimeError):
@@ -23,7 +23,7 @@ class SchemaNotReady(RuntimeError):
 
 def alembic_config(url: str | None = None) -> Config:
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("script_location", MIGRATIONS_DIR)
     if url:
         cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg

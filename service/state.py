@@ -64,7 +64,7 @@ class ServiceState:
             self.listener = RedisListener(s.redis_url, s.events_channel, self.hub)
             self.listener.start()
         else:
-            from worker.tasks import WorkerContext, run_job
+            from pipeplan.worker.tasks import WorkerContext, run_job
 
             publisher = LocalPublisher(self.hub)
             ctx = WorkerContext(self.repo, publisher, s, name="embedded")

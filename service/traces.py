@@ -15,11 +15,10 @@ import logging
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.trace import Trace
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
-
-from planner.contract import Plan, Problem
-from planner.trace import Trace
 
 from . import api
 from .admission import rate_limited
@@ -99,8 +98,8 @@ def _prepare(st: ServiceState, key: str, trace: Trace,
              digest: str) -> tuple[Plan, Problem, TraceInfo | None]:
     """(the plan that ran, the calibrated problem, the stored trace when this trace was posted before:
     then the calibrated problem is the one it yielded then)."""
-    from planner.fidelity import calibrated_problem
-    from planner.trace import check_trace
+    from pipeplan.planner.fidelity import calibrated_problem
+    from pipeplan.planner.trace import check_trace
 
     problem = st.repo.get_problem(key)
     if problem is None:
@@ -173,7 +172,7 @@ async def post_trace(key: str, trace: Trace, request: Request,
 
 
 def _retimed(calibrated: Problem, plan: Plan) -> float:
-    from planner.fidelity import retime
+    from pipeplan.planner.fidelity import retime
 
     return retime(calibrated, plan.model_copy(update={"problem_key": calibrated.key()}))
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from planner.bounds import min_memory
-from planner.contract import Plan, Problem
-from planner.ops import Kind, Op
-from planner.simulator import DeviceOrder, Gate, Schedule, build_plan, simulate
+from pipeplan.planner.bounds import min_memory
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.ops import Kind, Op
+from pipeplan.planner.simulator import DeviceOrder, Gate, Schedule, build_plan, simulate
 
 
 def stage(device: int, f: float = 1.0, b: float = 1.0, w: float = 1.0, **extra: Any) -> dict:

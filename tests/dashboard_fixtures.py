@@ -6,10 +6,10 @@ size, with or without offload, without depending on the baselines module.
 
 from __future__ import annotations
 
-from planner.contract import Device, Options, Plan, Problem, Stage
-from planner.ops import Kind, Op
-from planner.simulator import DeviceOrder, Schedule, build_plan, simulate
-from planner.validator import assert_valid
+from pipeplan.planner.contract import Device, Options, Plan, Problem, Stage
+from pipeplan.planner.ops import Kind, Op
+from pipeplan.planner.simulator import DeviceOrder, Schedule, build_plan, simulate
+from pipeplan.planner.validator import assert_valid
 
 
 def make_problem(devices: int = 4, microbatches: int = 8, offload: bool = False,
@@ -85,12 +85,11 @@ def dashboard_app(url: str):
     """A FastAPI app with only the dashboard router over a real Repository (schema migrated by the
     service's Alembic scripts): the pages without the API, queue or workers around them."""
     from fastapi import FastAPI
-
-    from service import dashboard
-    from service.db import make_engine
-    from service.events import Hub
-    from service.repository import Repository
-    from service.schema import upgrade
+    from pipeplan.service import dashboard
+    from pipeplan.service.db import make_engine
+    from pipeplan.service.events import Hub
+    from pipeplan.service.repository import Repository
+    from pipeplan.service.schema import upgrade
 
     engine = make_engine(url)
     upgrade(engine)

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from unittest.mock import patch
 
-from planner import simulator
-from planner.bounds import free_lower_bound
-from planner.contract import Problem
-from planner.solver import SolveResult, api, incumbent, solve
+from pipeplan.planner import simulator
+from pipeplan.planner.bounds import free_lower_bound
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.solver import SolveResult, api, incumbent, solve
 
 
 @contextmanager

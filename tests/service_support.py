@@ -19,12 +19,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pipeplan.planner.contract import Device, Options, Plan, Problem, Stage
+from pipeplan.planner.ops import Kind, Op
+from pipeplan.planner.simulator import DeviceOrder, Schedule, Timing, build_plan, simulate
+from pipeplan.planner.validator import assert_valid
 from sqlalchemy import create_engine, text
-
-from planner.contract import Device, Options, Plan, Problem, Stage
-from planner.ops import Kind, Op
-from planner.simulator import DeviceOrder, Schedule, Timing, build_plan, simulate
-from planner.validator import assert_valid
 
 PG_BASE = os.environ.get("PIPEPLAN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_BASE = os.environ.get("PIPEPLAN_TEST_REDIS", "redis://127.0.0.1:6379")
@@ -139,8 +138,8 @@ def queue_name():
 
 
 def migrated_engine(url: str):
-    from service import schema
-    from service.db import make_engine
+    from pipeplan.service import schema
+    from pipeplan.service.db import make_engine
 
     engine = make_engine(url, 5)
     schema.upgrade(engine)
@@ -248,7 +247,7 @@ class LiveServer:
 def hard_problem(tag: str | None = None, microbatches: int = 12) -> Problem:
     """4 devices under tight memory (offload + recompute): the solver keeps improving for seconds
     instead of proving the heuristic optimal at once, so jobs are still solving when tests act."""
-    from planner.bounds import min_memory
+    from pipeplan.planner.bounds import min_memory
 
     stages = [Stage(device=k, forward_ms=1.0 + 0.3 * (k % 3), backward_input_ms=1.1 + 0.2 * k,
                     backward_weight_ms=0.9, recompute_ms=1.0, offload_ms=1.5, activation_mib=500.0,

@@ -9,11 +9,8 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
-
-from pipeplan.cli import app
-from planner import baselines
-from planner.adaptive import (
+from pipeplan.planner import baselines
+from pipeplan.planner.adaptive import (
     Proxy,
     adaptive_problem,
     bottleneck_partition,
@@ -21,11 +18,14 @@ from planner.adaptive import (
     plan_adaptive,
     search,
 )
-from planner.bounds import MemoryInfeasibleError
-from planner.contract import Plan, Problem
-from planner.costmodel import Spec, build_problem, layer_costs, uniform_partition
-from planner.documents import problem_from_document
-from planner.validator import validate_plan
+from pipeplan.planner.bounds import MemoryInfeasibleError
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.costmodel import Spec, build_problem, layer_costs, uniform_partition
+from pipeplan.planner.documents import problem_from_document
+from pipeplan.planner.validator import validate_plan
+from typer.testing import CliRunner
+
+from pipeplan.cli import app
 
 
 def small_doc(**training) -> dict:

@@ -8,9 +8,8 @@ import random
 import pytest
 from core_schedules import problem_doc, uneven_forwards
 from oracles import blind_optimum
-
-from planner.bounds import arrival_bound, forward_arrivals, free_lower_bound, lower_bound
-from planner.contract import Problem
+from pipeplan.planner.bounds import arrival_bound, forward_arrivals, free_lower_bound, lower_bound
+from pipeplan.planner.contract import Problem
 
 
 def slow_head(m: int) -> Problem:

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import pytest
 from core_schedules import at_least_memory_times, make_problem, problem_doc
-
-from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, compare, run_baseline
-from planner.baselines.classic import serialized_schedule
-from planner.baselines.common import TIE_TOLERANCE, evaluate, peaks_of
-from planner.baselines.greedy import fractional_treat, greedy_outcome, slow_copies
-from planner.baselines.offload import pipeoffload_outcome
-from planner.bounds import MemoryInfeasibleError, lower_bound, min_memory
-from planner.contract import Problem
-from planner.solver.memory_bound import memory_lower_bound
-from planner.validator import validate_plan
+from pipeplan.planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, compare, run_baseline
+from pipeplan.planner.baselines.classic import serialized_schedule
+from pipeplan.planner.baselines.common import TIE_TOLERANCE, evaluate, peaks_of
+from pipeplan.planner.baselines.greedy import fractional_treat, greedy_outcome, slow_copies
+from pipeplan.planner.baselines.offload import pipeoffload_outcome
+from pipeplan.planner.bounds import MemoryInfeasibleError, lower_bound, min_memory
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.solver.memory_bound import memory_lower_bound
+from pipeplan.planner.validator import validate_plan
 
 
 def reference_case(p: int, m: int, het: bool, chunks: int = 1, limit: float | None = None,

@@ -7,22 +7,21 @@ import pytest
 from core_schedules import make_problem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
-from planner.baselines.classic import gpipe_orders, one_f_one_b_orders
-from planner.baselines.common import over_limit, peaks_of, schedule_of, untimed_peaks
-from planner.baselines.zero_bubble import (
+from pipeplan.planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
+from pipeplan.planner.baselines.classic import gpipe_orders, one_f_one_b_orders
+from pipeplan.planner.baselines.common import over_limit, peaks_of, schedule_of, untimed_peaks
+from pipeplan.planner.baselines.zero_bubble import (
     _lagged_order,
     zb_h1_orders,
     zb_h2_orders,
     zb_memory_fit_schedule,
 )
-from planner.bounds import MemoryInfeasibleError, min_memory
-from planner.contract import Problem
-from planner.memory import order_peak
-from planner.ops import Kind, Op
-from planner.simulator import simulate
-from planner.validator import validate_plan
+from pipeplan.planner.bounds import MemoryInfeasibleError, min_memory
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.memory import order_peak
+from pipeplan.planner.ops import Kind, Op
+from pipeplan.planner.simulator import simulate
+from pipeplan.planner.validator import validate_plan
 
 costs = st.floats(min_value=0.1, max_value=3.0, allow_nan=False)
 

@@ -7,10 +7,9 @@ from core_schedules import gpipe, make_problem, one_f_one_b, plan_of, problem_do
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oracles import blind_optimum
-
-from planner.bounds import MemoryInfeasibleError, check_memory_feasible, lower_bound, min_memory
-from planner.contract import Problem
-from planner.validator import validate_plan
+from pipeplan.planner.bounds import MemoryInfeasibleError, check_memory_feasible, lower_bound, min_memory
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.validator import validate_plan
 
 durations = st.floats(min_value=0.1, max_value=5.0, allow_nan=False).map(lambda x: round(x, 3))
 sizes = st.floats(min_value=1.0, max_value=1000.0).map(lambda x: round(x, 1))
@@ -132,7 +131,7 @@ def test_lower_bound_uneven_stages_one_microbatch():
 def test_every_baseline_is_valid_and_within_bounds(problem, slack):
     """Every baseline on random problems: a valid plan (or a stated reason) no better than the bounds;
     and under any limit at or above min_memory, best_heuristic always finds a plan that fits."""
-    from planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
+    from pipeplan.planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
 
     doc = problem.model_dump()
     extra = slack * sum(s.activation_mib for s in problem.stages)
@@ -170,7 +169,7 @@ def test_infeasible_report_is_json_with_unlimited_devices():
 def test_warmup_bound_hand_value():
     """P=2, M=4, unit costs, room for one activation, 3-ms copies: device 0 runs F(0,0), then nothing
     fits until its copy ends at 4 > the first backward's earliest start (3), so 2 ms are idle."""
-    from planner.bounds import free_lower_bound, warmup_bound
+    from pipeplan.planner.bounds import free_lower_bound, warmup_bound
 
     problem = make_problem(p=2, m=4, limit=100.0, offload=True, offload_ms=3.0, offloadable_mib=100.0)
     assert free_lower_bound(problem) == pytest.approx(13.0)  # device 1: F(0,0), then its 12 ms
@@ -201,7 +200,7 @@ WARMUP_CASES = [
 def test_warmup_bound_is_below_the_proven_optimum(kw):
     """CP-SAT blind to every memory-aware bound (it knows only free_lower_bound) proves an optimum;
     warmup_bound is never above it, and is above the memory-free bound on these cases."""
-    from planner.bounds import free_lower_bound, warmup_bound
+    from pipeplan.planner.bounds import free_lower_bound, warmup_bound
 
     problem = make_problem(**kw)
     result = blind_optimum(problem, 10.0)
@@ -214,7 +213,7 @@ def test_exclusive_bound_hand_value():
     """P=2, M=4, unit costs, 150 MiB for activations of 100 and weight gradients of 80: device 0 holds
     one at a time. Kept, a microbatch holds it 5 ms (F, the 2-ms round trip, B, W) with 2 idle;
     recomputed, 3 ms (R, B, W) with its forward outside. 4/3 kept and 8/3 recomputed: 14 2/3."""
-    from planner.bounds import exclusive_bound, free_lower_bound
+    from pipeplan.planner.bounds import exclusive_bound, free_lower_bound
 
     problem = make_problem(p=2, m=4, limit=150.0, recompute=True, checkpoint_mib=0.0, weight_grad_mib=80.0)
     assert exclusive_bound(problem) == pytest.approx(14.0 + 2.0 / 3.0)
@@ -248,9 +247,9 @@ def test_exclusive_bound_is_below_the_proven_optimum(kw):
     """As for warmup_bound: CP-SAT blind to the memory-aware bounds proves an optimum, and
     exclusive_bound, above the forward-count and occupancy bounds on these cases (the solver's
     pairwise exclusion bound, a different argument, is higher on two of them), is never above it."""
-    from planner.bounds import exclusive_bound, free_lower_bound, warmup_bound
-    from planner.solver.memory_bound import count_lower_bound
-    from planner.solver.occupancy_bound import occupancy_lower_bound
+    from pipeplan.planner.bounds import exclusive_bound, free_lower_bound, warmup_bound
+    from pipeplan.planner.solver.memory_bound import count_lower_bound
+    from pipeplan.planner.solver.occupancy_bound import occupancy_lower_bound
 
     problem = make_problem(**kw)
     result = blind_optimum(problem, 20.0)

@@ -17,17 +17,16 @@ import time
 
 import httpx
 import pytest
+from pipeplan.client import OnlinePlan, PlanClient, PlanRequestError
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.fidelity import retime
+from pipeplan.planner.ops import Kind, Op
+from pipeplan.planner.simulator import schedule_from_plan, simulate
+from pipeplan.planner.trace import Trace
+from pipeplan.planner.validator import validate_plan
 from service_proc import Service
 from service_support import pg_url  # noqa: F401
 from sqlalchemy import text
-
-from client import OnlinePlan, PlanClient, PlanRequestError
-from planner.contract import Plan, Problem
-from planner.fidelity import retime
-from planner.ops import Kind, Op
-from planner.simulator import schedule_from_plan, simulate
-from planner.trace import Trace
-from planner.validator import validate_plan
 
 pytestmark = pytest.mark.integration
 
@@ -157,10 +156,10 @@ def test_trace_round_trip_calibrates_and_the_client_swaps(service, tmp_path):
 def test_trace_store_on_postgresql(pg_url, tmp_path):  # noqa: F811
     """The same table and queries on PostgreSQL (an in-process app: the SQL is what differs)."""
     from fastapi.testclient import TestClient
+    from pipeplan.service import create_app, schema
+    from pipeplan.service.db import make_engine
 
     from pipeplan.settings import Settings
-    from service import create_app, schema
-    from service.db import make_engine
 
     engine = make_engine(pg_url, 1)
     schema.upgrade(engine)
@@ -186,8 +185,8 @@ def test_trace_store_on_postgresql(pg_url, tmp_path):  # noqa: F811
 def memory_limited(m: int) -> Problem:
     """`uniform` with offload and recompute allowed and limits halfway between the least memory any
     schedule needs and 1F1B's peak: every plan recomputes or offloads somewhere."""
-    from planner.baselines import run_baseline
-    from planner.bounds import min_memory
+    from pipeplan.planner.baselines import run_baseline
+    from pipeplan.planner.bounds import min_memory
 
     doc = uniform(m).model_dump(mode="json")
     doc["options"].update(offload=True, recompute=True)
@@ -227,7 +226,7 @@ def test_a_slowed_stage_in_emulation_yields_a_calibrated_plan_the_client_swaps_t
     the posted trace gives a calibrated problem with stage 2 at about 2x, whose plan predicts the
     slowed run (the original prediction is off by ~60%), and the client swaps to it."""
     pytest.importorskip("torch")
-    from client.emulated_pipeline import Job, run_emulated
+    from pipeplan.client.emulated_pipeline import Job, run_emulated
 
     problem = uniform(6)
     truth = slowed(problem, 2, 2.0)

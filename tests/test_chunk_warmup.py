@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 from core_schedules import make_problem, slow_copies_chunked
 from oracles import blind_optimum
+from pipeplan.planner.bounds import first_backward_start
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.solver.chunk_warmup import chunked_warmup_waste
+from pipeplan.planner.solver.exclusion_bound import exclusion_lower_bound
+from pipeplan.planner.solver.memory_bound import memory_lower_bound
 from test_exclusion_bound import heavy_head, other_bounds, random_problem
-
-from planner.bounds import first_backward_start
-from planner.contract import Problem
-from planner.solver.chunk_warmup import chunked_warmup_waste
-from planner.solver.exclusion_bound import exclusion_lower_bound
-from planner.solver.memory_bound import memory_lower_bound
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from core_schedules import make_problem, one_f_one_b, plan_of, problem_doc
+from pipeplan.planner.baselines import NAMES
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.validator import validate_plan
 from typer.testing import CliRunner
 
 from pipeplan.cli import app
 from pipeplan.settings import get_settings
-from planner.baselines import NAMES
-from planner.contract import Plan, Problem
-from planner.validator import validate_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "examples" / "specs" / "llama7b_8xh100.json"

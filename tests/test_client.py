@@ -10,9 +10,7 @@ import time
 
 import pytest
 from core_schedules import make_problem
-from service_proc import Service, free_port
-
-from client import (
+from pipeplan.client import (
     OnlinePlan,
     PlanClient,
     PlanNotFound,
@@ -21,7 +19,8 @@ from client import (
     ServiceUnavailable,
     WaitTimeout,
 )
-from planner.validator import assert_valid
+from pipeplan.planner.validator import assert_valid
+from service_proc import Service, free_port
 
 pytest.importorskip("fastapi", reason="the service needs the server extra: pip install -e '.[server]'")
 pytestmark = pytest.mark.integration

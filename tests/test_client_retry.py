@@ -10,8 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from core_schedules import make_problem, one_f_one_b, plan_of
-
-from client import PlanClient, PlanRequestError, ServiceUnavailable
+from pipeplan.client import PlanClient, PlanRequestError, ServiceUnavailable
 
 
 class Scripted:

@@ -8,9 +8,8 @@ import json
 import math
 
 import pytest
+from pipeplan.planner.contract import Limits, Plan, Problem, error_messages
 from pydantic import ValidationError
-
-from planner.contract import Limits, Plan, Problem, error_messages
 
 # A fixed problem written out literally, so the pinned key below depends on nothing else in the repo.
 FIXED = {

@@ -8,10 +8,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
-
-from planner.contract import Problem, error_messages
-from planner.costmodel import (
+from pipeplan.planner.contract import Problem, error_messages
+from pipeplan.planner.costmodel import (
     HARDWARE,
     Spec,
     balanced_partition,
@@ -20,7 +18,8 @@ from planner.costmodel import (
     stage_device,
     uniform_partition,
 )
-from planner.documents import problem_from_document
+from pipeplan.planner.documents import problem_from_document
+from pydantic import ValidationError
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "examples" / "specs"

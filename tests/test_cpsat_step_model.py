@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from core_schedules import make_problem
 from ortools.sat.python import cp_model
-
-from planner.baselines import best_heuristic
-from planner.solver import cpsat
-from planner.solver.convert import ticks_of_plan
-from planner.solver.cpsat_model import CpsatModel, ModelOptions
-from planner.solver.scaling import scale_for
+from pipeplan.planner.baselines import best_heuristic
+from pipeplan.planner.solver import cpsat
+from pipeplan.planner.solver.convert import ticks_of_plan
+from pipeplan.planner.solver.cpsat_model import CpsatModel, ModelOptions
+from pipeplan.planner.solver.scaling import scale_for
 
 
 def tight_problem():

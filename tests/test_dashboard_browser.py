@@ -158,8 +158,8 @@ def test_plan_page_draws_exactly_one_bar_per_op(server, page):
 def test_a_new_revision_from_the_worker_shows_up_without_a_reload(server, browser, page):
     """Seed a poor revision 1 (as an old cache entry), open the overview and the plan page, press
     Refine in the page: the embedded worker's better revision must reach both pages by SSE."""
-    from service.db import make_engine
-    from service.repository import Repository
+    from pipeplan.service.db import make_engine
+    from pipeplan.service.repository import Repository
 
     problem = make_problem(4, 8)
     key = problem.key()
@@ -206,9 +206,8 @@ def test_a_new_revision_from_the_worker_shows_up_without_a_reload(server, browse
 def test_a_10k_op_plan_page_loads_and_hovers_fast(server, page):
     """One <rect> per op and one delegated handler: the page stays responsive at 10,000+ ops."""
     from dashboard_fixtures import gpipe_plan, op_count
-
-    from service.db import make_engine
-    from service.repository import Repository
+    from pipeplan.service.db import make_engine
+    from pipeplan.service.repository import Repository
 
     problem = make_problem(8, 420, limit_mib=None)
     plan = gpipe_plan(problem, one_f_one_b=True)

@@ -5,12 +5,11 @@ it, which in the warm-up of a V delays the first microbatch's whole backward cha
 from __future__ import annotations
 
 from core_schedules import make_problem
-
-from planner.baselines.engine import EngineConfig, run_engine
-from planner.baselines.greedy import Attempt, awaiting_tries
-from planner.contract import Problem
-from planner.ops import Kind, Op
-from planner.simulator import Schedule, Timing
+from pipeplan.planner.baselines.engine import EngineConfig, run_engine
+from pipeplan.planner.baselines.greedy import Attempt, awaiting_tries
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.ops import Kind, Op
+from pipeplan.planner.simulator import Schedule, Timing
 
 
 def v_problem() -> Problem:

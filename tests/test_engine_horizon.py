@@ -4,8 +4,7 @@ own timing ends past the best plan's (plus its slack), so the rest of such a run
 from __future__ import annotations
 
 from core_schedules import make_problem
-
-from planner.baselines.engine import EngineConfig, run_engine
+from pipeplan.planner.baselines.engine import EngineConfig, run_engine
 
 
 def test_the_engine_gives_up_only_past_its_horizon():

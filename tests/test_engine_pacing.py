@@ -8,13 +8,12 @@ import math
 
 import pytest
 from core_schedules import at_least_memory_times, make_problem, problem_doc
-
-from planner.baselines import greedy
-from planner.baselines.engine import EngineConfig, run_engine
-from planner.baselines.greedy import forward_pipe_depths, paced_tries, paces, treatments
-from planner.contract import Problem
-from planner.ops import Kind
-from planner.simulator import Schedule
+from pipeplan.planner.baselines import greedy
+from pipeplan.planner.baselines.engine import EngineConfig, run_engine
+from pipeplan.planner.baselines.greedy import forward_pipe_depths, paced_tries, paces, treatments
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.ops import Kind
+from pipeplan.planner.simulator import Schedule
 
 
 def widest_lead(problem: Problem, schedule: Schedule) -> list[int]:

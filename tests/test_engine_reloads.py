@@ -6,11 +6,10 @@ is later. With only some microbatches offloaded and copies longer than a microba
 from __future__ import annotations
 
 from core_schedules import problem_doc
-
-from planner.baselines.engine import EngineConfig, run_engine
-from planner.contract import Problem
-from planner.ops import Kind
-from planner.simulator import Schedule
+from pipeplan.planner.baselines.engine import EngineConfig, run_engine
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.ops import Kind
+from pipeplan.planner.simulator import Schedule
 
 
 def slow_copies(offload_ms: float) -> Problem:

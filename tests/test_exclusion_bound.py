@@ -12,13 +12,12 @@ from core_schedules import make_problem, plan_of, problem_doc, serialized
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oracles import blind_optimum
-
-from planner.bounds import lower_bound, min_memory
-from planner.contract import Problem
-from planner.solver import memory_bound, solve
-from planner.solver.exclusion_bound import _Job, exclusion_lower_bound, jackson_preemptive
-from planner.solver.memory_bound import count_lower_bound, memory_lower_bound
-from planner.solver.occupancy_bound import occupancy_lower_bound
+from pipeplan.planner.bounds import lower_bound, min_memory
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.solver import memory_bound, solve
+from pipeplan.planner.solver.exclusion_bound import _Job, exclusion_lower_bound, jackson_preemptive
+from pipeplan.planner.solver.memory_bound import count_lower_bound, memory_lower_bound
+from pipeplan.planner.solver.occupancy_bound import occupancy_lower_bound
 
 
 def other_bounds(problem: Problem) -> float:
@@ -115,7 +114,7 @@ def test_never_above_a_blind_optimum(seed):
 def test_never_above_a_simulated_plan(seed):
     """Every heuristic's valid plan (and the serialized one) is at least the memory bound, which takes
     the largest of this one, the several-stage warm-up (tests/test_chunk_warmup.py) and the rest."""
-    from planner.baselines import NAMES, DoesNotFit, NotApplicable, run_baseline
+    from pipeplan.planner.baselines import NAMES, DoesNotFit, NotApplicable, run_baseline
 
     problem = random_problem(random.Random(seed))
     bound = memory_lower_bound(problem)

@@ -8,11 +8,11 @@ import pytest
 
 pytest.importorskip("torch")
 
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.costmodel import Spec
 from typer.testing import CliRunner
 
 from pipeplan.cli import app
-from planner.contract import Problem
-from planner.costmodel import Spec
 
 pytestmark = pytest.mark.torch
 runner = CliRunner()
@@ -39,7 +39,7 @@ def test_profile_writes_a_spec_with_measured_layers_and_its_problem(tmp_path):
     assert problem.num_devices == 2
     # the profiled numbers, not the formulas, make the stage costs (each run measures anew: the
     # spec written above is turned into its problem here)
-    from planner.documents import problem_from_spec
+    from pipeplan.planner.documents import problem_from_spec
 
     from_spec = problem_from_spec(spec)
     assert sum(s.forward_ms for s in from_spec.stages) == pytest.approx(sum(g.forward_ms for g in stack), rel=1e-3)

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from service.flight import single_flight
+from pipeplan.service.flight import single_flight
 
 
 def test_concurrent_callers_share_one_run_and_a_later_call_runs_again():

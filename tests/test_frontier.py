@@ -5,17 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 
+from pipeplan.planner.bounds import min_memory
+from pipeplan.planner.contract import Plan
+from pipeplan.planner.frontier import compute_frontier, monotone, rekey, scaled, view_of
+from pipeplan.planner.validator import validate_plan
 from service_support import BIN, make_problem, problem_doc
-
-from planner.bounds import min_memory
-from planner.contract import Plan
-from planner.frontier import compute_frontier, monotone, rekey, scaled, view_of
-from planner.validator import validate_plan
 
 
 def _solve_nothing(problem, time_limit_s, on_improvement=None, stop=None, hint=None, problem_key=None, **_):
     """A real solve with no search time: seeds only (keeps the test fast and its curve weak)."""
-    from planner.solver import solve
+    from pipeplan.planner.solver import solve
 
     return solve(problem, 0.0, on_improvement=on_improvement, stop=stop, hint=hint, problem_key=problem_key,
                  workers=1)
@@ -52,7 +51,7 @@ def test_a_smaller_budgets_plan_is_rekeyed_into_larger_points_but_not_smaller():
     problem = make_problem(devices=4, microbatches=8, offload=True, limit_mib=8000.0, tag="rekey")
     free = [7000.0] * 4
     small, large = scaled(problem, free, 0.2), scaled(problem, free, 0.6)
-    from planner.baselines import best_heuristic
+    from pipeplan.planner.baselines import best_heuristic
 
     plan = best_heuristic(small)
     moved = rekey(large, plan)

@@ -7,13 +7,13 @@ import json
 
 import pytest
 from fastapi.testclient import TestClient
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.validator import validate_plan
+from pipeplan.service import create_app
+from pipeplan.service.frontier_store import FrontierStore
 from service_support import make_problem, problem_doc, wait_for
 
 from pipeplan.settings import Settings
-from planner.contract import Plan, Problem
-from planner.validator import validate_plan
-from service import create_app
-from service.frontier_store import FrontierStore
 
 
 def test_frontier_points_are_cached_plans_refined_by_two_workers(tmp_path):
@@ -77,7 +77,7 @@ def test_frontier_specs_meet_the_configured_limits(tmp_path):
     """A spec is sized against the service's limits (PIPEPLAN_LIMITS__*), not the planner's defaults."""
     from pathlib import Path
 
-    from planner.contract import Limits
+    from pipeplan.planner.contract import Limits
 
     spec = json.loads((Path(__file__).parents[1] / "examples/specs/llama7b_8xh100.json").read_text())
     app = create_app(Settings(data_dir=tmp_path / "data", embedded_workers=0, limits=Limits(max_layers=8)))

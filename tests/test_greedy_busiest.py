@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 from core_schedules import at_least_memory_times, make_problem, problem_doc
-
-from planner.baselines import greedy
-from planner.baselines.greedy import busiest_tries, treatments
-from planner.contract import Problem
+from pipeplan.planner.baselines import greedy
+from pipeplan.planner.baselines.greedy import busiest_tries, treatments
+from pipeplan.planner.contract import Problem
 
 
 def heavy_middle(heavy: float = 1.5, stage: int = 1) -> Problem:

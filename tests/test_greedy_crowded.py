@@ -5,9 +5,8 @@ offloaded."""
 from __future__ import annotations
 
 from core_schedules import at_least_memory_times, problem_doc
-
-from planner.baselines import best_heuristic
-from planner.baselines.greedy import (
+from pipeplan.planner.baselines import best_heuristic
+from pipeplan.planner.baselines.greedy import (
     Attempt,
     crowded,
     engine_variants,
@@ -15,8 +14,8 @@ from planner.baselines.greedy import (
     reducing_treatments,
     run_try,
 )
-from planner.contract import Problem
-from planner.validator import validate_plan
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.validator import validate_plan
 
 
 def head_heavy_v(m: int = 8) -> Problem:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 from core_schedules import at_least_memory_times, problem_doc
-
-from planner.baselines import greedy
-from planner.baselines.engine import EngineConfig, run_engine
-from planner.contract import Problem
-from planner.ops import Kind, Op
+from pipeplan.planner.baselines import greedy
+from pipeplan.planner.baselines.engine import EngineConfig, run_engine
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.ops import Kind, Op
 
 
 def one_tight_device(share: float, p: int = 4, m: int = 8) -> Problem:

@@ -12,12 +12,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeplan.planner.baselines import greedy  # noqa: E402
+from pipeplan.planner.baselines.engine import run_engine  # noqa: E402
+from pipeplan.planner.contract import Problem  # noqa: E402
+from pipeplan.planner.ops import Kind, Op  # noqa: E402
+
 from bench.model_suite import find  # noqa: E402
 from bench.models import rows_of  # noqa: E402
-from planner.baselines import greedy  # noqa: E402
-from planner.baselines.engine import run_engine  # noqa: E402
-from planner.contract import Problem  # noqa: E402
-from planner.ops import Kind, Op  # noqa: E402
 
 VARIANT, TREATMENT = "mem,fill,late,tight", "offload, crowded recompute"
 

@@ -13,15 +13,18 @@ from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("planner", "service", "worker", "client", "pipeplan")
+# Repository folder -> the name it installs as (pyproject.toml's package-dir).
+PACKAGES = {"planner": "pipeplan.planner", "service": "pipeplan.service", "worker": "pipeplan.worker",
+            "client": "pipeplan.client", "migrations": "pipeplan.migrations", "pipeplan": "pipeplan"}
+SOURCES = (*PACKAGES, "tests", "bench", "examples")
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
-    """Dotted module name -> (file, is a package's __init__)."""
+    """Installed dotted module name -> (file, is a package's __init__)."""
     out = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for folder, installed in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = [installed, *path.relative_to(ROOT / folder).with_suffix("").parts]
             is_package = parts[-1] == "__init__"
             out[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
     return out
@@ -70,8 +73,8 @@ def circle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_planner_imports_nothing_above_it():
-    upward = sorted((a, b) for a, targets in import_graph().items() if a.startswith("planner")
-                    for b in targets if not b.startswith("planner"))
+    upward = sorted((a, b) for a, targets in import_graph().items() if a.startswith("pipeplan.planner")
+                    for b in targets if not b.startswith("pipeplan.planner"))
     assert upward == []
 
 
@@ -83,8 +86,31 @@ def test_the_graph_holds_every_kind_of_import():
     """Absolute, relative and function-local imports are all edges, so the two checks above see them;
     and a circle, once there, is found."""
     graph = import_graph()
-    assert "service.repository" in graph["worker.tasks"]  # absolute, at the top
-    assert "planner.solver.cpsat_model" in graph["planner.solver.cpsat"]  # relative
+    assert "pipeplan.service.repository" in graph["pipeplan.worker.tasks"]  # absolute, at the top
+    assert "pipeplan.planner.solver.cpsat_model" in graph["pipeplan.planner.solver.cpsat"]  # relative
     assert "pipeplan.settings" in graph["pipeplan.commands.solving"]  # inside a function
-    graph["planner.contract"] = graph["planner.contract"] | {"planner.solver.api"}
+    graph["pipeplan.planner.contract"] = graph["pipeplan.planner.contract"] | {"pipeplan.planner.solver.api"}
     assert circle(graph) is not None
+
+
+def bare_imports(source: str, where: str) -> list[str]:
+    """Imports in `source` of a repository folder by its folder name (`from client import …`): they
+    resolve only from the repository root, and shadow or are shadowed by a user's own modules."""
+    found = []
+    for node in ast.walk(ast.parse(source, where)):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module
+                 else [])
+        found += [f"{where}:{node.lineno} {name}" for name in names
+                  if name.split(".")[0] in PACKAGES and name.split(".")[0] != "pipeplan"]
+    return found
+
+
+def test_every_import_uses_the_installed_namespace():
+    assert [hit for folder in SOURCES for path in sorted((ROOT / folder).rglob("*.py"))
+            for hit in bare_imports(path.read_text(), str(path.relative_to(ROOT)))] == []
+
+
+def test_a_bare_import_is_found():
+    source = "import json\nfrom pipeplan.client import PlanClient\nfrom client import PlanClient\n"
+    assert bare_imports(source, "x.py") == ["x.py:3 client"]

@@ -4,12 +4,11 @@ time to its first solution, the hint) is a small part of it."""
 from __future__ import annotations
 
 from core_schedules import make_problem
-
-from planner.baselines import best_heuristic
-from planner.solver import cpsat, lns
-from planner.solver.convert import ticks_of_plan
-from planner.solver.incumbent import Incumbent
-from planner.solver.scaling import scale_for
+from pipeplan.planner.baselines import best_heuristic
+from pipeplan.planner.solver import cpsat, lns
+from pipeplan.planner.solver.convert import ticks_of_plan
+from pipeplan.planner.solver.incumbent import Incumbent
+from pipeplan.planner.solver.scaling import scale_for
 
 
 def test_step_budget_covers_the_measured_overhead_within_a_cap():

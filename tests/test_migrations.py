@@ -10,13 +10,13 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from fastapi.testclient import TestClient
+from pipeplan.service import create_app, schema
+from pipeplan.service.db import make_engine
+from pipeplan.service.models import Base
 from service_support import BIN, any_db_url, pg_url, service_env  # noqa: F401
 from sqlalchemy import inspect, text
 
 from pipeplan.settings import Settings
-from service import create_app, schema
-from service.db import make_engine
-from service.models import Base
 
 TABLES = {"problems", "plan_revisions", "jobs", "frontiers", "frontier_points", "plan_traces"}
 

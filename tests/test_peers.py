@@ -10,13 +10,12 @@ import pytest
 from core_schedules import make_problem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from planner.baselines import DoesNotFit, NotApplicable, run_baseline
-from planner.baselines.common import in_flight
-from planner.baselines.torch_peers import TORCH_PEERS
-from planner.baselines.zero_bubble import one_f_one_b_memory
-from planner.contract import Plan, Problem
-from planner.validator import validate_plan
+from pipeplan.planner.baselines import DoesNotFit, NotApplicable, run_baseline
+from pipeplan.planner.baselines.common import in_flight
+from pipeplan.planner.baselines.torch_peers import TORCH_PEERS
+from pipeplan.planner.baselines.zero_bubble import one_f_one_b_memory
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.validator import validate_plan
 
 FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 costs = st.floats(min_value=0.1, max_value=3.0, allow_nan=False)
@@ -242,7 +241,7 @@ def test_uniform_pipeoffload_offloads_every_activation_but_the_last_stages(limit
     goes to the host, whether or not this budget needs it; our transfer pruning must not thin a
     peer into another schedule. With the activation offloadable, device 0 then holds less than
     under 1F1B."""
-    from planner.baselines.offload import pipeoffload_outcome
+    from pipeplan.planner.baselines.offload import pipeoffload_outcome
 
     problem = make_problem(p=8, m=32, limit=limit, weight_grad_mib=100.0, b=1.2, w=0.8, p2p=0.05,
                            offload=True, offload_ms=1.0, offloadable_mib=100.0)
@@ -259,7 +258,7 @@ def test_uniform_pipeoffload_offloads_every_activation_but_the_last_stages(limit
 def test_selective_pipeoffload_offloads_exactly_what_outlives_its_round_trip():
     """The selective strategy offloads the activations whose wait for their backward, on the base
     schedule without offload, is longer than the copy out and back (the rest stay resident)."""
-    from planner.baselines.offload import pipeoffload_outcome
+    from pipeplan.planner.baselines.offload import pipeoffload_outcome
 
     problem = make_problem(p=8, m=32, weight_grad_mib=100.0, b=1.2, w=0.8, p2p=0.05, offload=True,
                            offload_ms=3.0, offloadable_mib=100.0)

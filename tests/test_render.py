@@ -7,9 +7,8 @@ import time
 import pytest
 from core_schedules import make_problem, one_f_one_b, plan_of, serialized
 from matplotlib.collections import PolyCollection
-
-from planner.ops import Kind
-from planner.render import PALETTE, RenderOptions, gantt_figure, render
+from pipeplan.planner.ops import Kind
+from pipeplan.planner.render import PALETTE, RenderOptions, gantt_figure, render
 
 
 def _bars(fig):

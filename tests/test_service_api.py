@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from pipeplan.service import create_app
 from service_support import LiveServer, gpipe_plan, hard_problem, make_problem, problem_doc, wait_for
 
 from pipeplan.settings import Settings
-from service import create_app
 
 
 def app_for(tmp_path, **overrides):
@@ -58,7 +58,7 @@ def test_submit_miss_then_hit_and_etag(client):
 
 
 def test_spec_is_turned_into_a_problem_by_the_cost_model(client):
-    from planner.documents import problem_from_document
+    from pipeplan.planner.documents import problem_from_document
 
     spec = _small_spec()
     expected = problem_from_document(spec)

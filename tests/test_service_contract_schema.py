@@ -10,7 +10,16 @@ import subprocess
 
 import httpx
 import pytest
-from service_support import BIN, ROOT, make_problem, pg_available, pg_schema, problem_doc, service_env, start_server
+from service_support import (
+    BIN,
+    ROOT,
+    make_problem,
+    pg_available,
+    pg_schema,
+    problem_doc,
+    service_env,
+    start_server,
+)
 
 CONFIG = ROOT / "tests" / "schemathesis.toml"
 

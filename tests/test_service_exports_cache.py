@@ -9,10 +9,9 @@ import json
 
 import httpx
 import pytest
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.exports import chrome_trace, torch_csv
 from service_support import make_problem, problem_doc, start_server
-
-from planner.contract import Plan, Problem
-from planner.exports import chrome_trace, torch_csv
 
 pytestmark = pytest.mark.integration
 

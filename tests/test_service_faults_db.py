@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from service_support import BIN, free_port, service_env, make_problem, problem_doc, start_server, wait_for
+from service_support import BIN, free_port, make_problem, problem_doc, service_env, start_server, wait_for
 
 PG_BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
 

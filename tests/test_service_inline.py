@@ -3,9 +3,9 @@ never the serialized schedule, even when the greedy's improvement box is already
 
 from __future__ import annotations
 
-from planner.contract import Device, Options, Problem, Stage
-from planner.validator import assert_valid
-from service import inline
+from pipeplan.planner.contract import Device, Options, Problem, Stage
+from pipeplan.planner.validator import assert_valid
+from pipeplan.service import inline
 
 
 def _tight(devices: int, microbatches: int) -> Problem:

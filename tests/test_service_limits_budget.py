@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from planner.documents import problem_from_document
-from planner.solver import solve
+from pipeplan.planner.documents import problem_from_document
+from pipeplan.planner.solver import solve
 
 
 def test_seeding_a_big_problem_stops_at_the_deadline():

@@ -7,11 +7,11 @@ import socket
 import threading
 
 from fastapi.testclient import TestClient
+from pipeplan.service import create_app
 from service_support import make_problem, migrated_engine, pg_url, problem_doc  # noqa: F401
 from sqlalchemy.engine import make_url
 
 from pipeplan.settings import Settings
-from service import create_app
 
 
 class TcpProxy:

@@ -7,12 +7,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from pipeplan.planner.validator import InvalidPlanError
+from pipeplan.service.models import CANCELLED, DONE, QUEUED, SOLVING, JobRow, RevisionRow
+from pipeplan.service.repository import Repository
 from service_support import any_db_url, gpipe_plan, make_problem, migrated_engine, wait_for  # noqa: F401
 from sqlalchemy import func, select
-
-from planner.validator import InvalidPlanError
-from service.models import CANCELLED, DONE, QUEUED, SOLVING, JobRow, RevisionRow
-from service.repository import Repository
 
 
 @pytest.fixture
@@ -139,8 +138,8 @@ def test_listing_has_summary_fields_and_pages(repo):
 def test_reconciler_requeues_orphans_and_gives_up_on_job_killers(repo):
     """The reconciler against a real (in-process) queue: stale runs are re-enqueued once; a run whose
     workers keep dying is failed after max_attempts instead of looping forever."""
-    from service.queue import LocalQueue
-    from service.reconcile import reconcile
+    from pipeplan.service.queue import LocalQueue
+    from pipeplan.service.reconcile import reconcile
 
     enqueued: list[str] = []
     queue = LocalQueue(lambda key, run_id: enqueued.append(run_id), workers=1)  # runs only record

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 from core_schedules import gpipe, make_problem, one_f_one_b, plan_of, serialized
-
-from planner.memory import memory_curve
-from planner.ops import Choice, Kind, Op
-from planner.simulator import (
+from pipeplan.planner.memory import memory_curve
+from pipeplan.planner.ops import Choice, Kind, Op
+from pipeplan.planner.simulator import (
     DeadlockError,
     DeviceOrder,
     Gate,
@@ -16,7 +15,7 @@ from planner.simulator import (
     schedule_from_plan,
     simulate,
 )
-from planner.validator import validate_plan
+from pipeplan.planner.validator import validate_plan
 
 
 def F(k, i):

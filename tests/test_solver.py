@@ -14,14 +14,13 @@ from itertools import pairwise
 
 import pytest
 from core_schedules import make_problem, one_f_one_b, plan_of, serialized
-
-from planner.bounds import MemoryInfeasibleError, min_memory
-from planner.ops import Kind, Op
-from planner.solver import cpsat, lns, solve
-from planner.solver.convert import plan_from_ticks, ticks_of_plan
-from planner.solver.cpsat_model import CpsatModel
-from planner.solver.scaling import scale_for
-from planner.validator import validate_plan
+from pipeplan.planner.bounds import MemoryInfeasibleError, min_memory
+from pipeplan.planner.ops import Kind, Op
+from pipeplan.planner.solver import cpsat, lns, solve
+from pipeplan.planner.solver.convert import plan_from_ticks, ticks_of_plan
+from pipeplan.planner.solver.cpsat_model import CpsatModel
+from pipeplan.planner.solver.scaling import scale_for
+from pipeplan.planner.validator import validate_plan
 
 
 def het(**kw):
@@ -121,7 +120,7 @@ def test_hint_of_a_memory_tight_plan_is_feasible_without_an_exact_time_scale():
     """Durations no tick size divides (as every cost-model problem has): the greedy plan under a
     tight budget, whose forwards wait for memory, must still be a feasible hint. Re-timing its
     orders ASAP in rounded-up ticks started forwards before their frees and broke the limits."""
-    from planner.baselines import best_heuristic
+    from pipeplan.planner.baselines import best_heuristic
 
     problem = make_problem(p=4, m=8, limit=250.0, offload=True, recompute=True, weight_grad_mib=100.0,
                            f=1.0137, b=1.2291, w=0.8113, offload_ms=0.9173, p2p=0.0531)
@@ -141,8 +140,8 @@ def test_hint_of_a_plan_without_an_exact_time_scale_is_no_longer_than_the_plan()
     CP-SAT run and LNS step had to win that back before any plan it found could beat the seed. Now
     only rounding along the longest chain separates them, and the hint stays feasible (from
     convert.ORDER_KEPT_MIN_PAIRS (stage, microbatch) pairs on; smaller problems keep the stretch)."""
-    from planner.baselines import best_heuristic
-    from planner.solver.convert import ORDER_KEPT_MIN_PAIRS
+    from pipeplan.planner.baselines import best_heuristic
+    from pipeplan.planner.solver.convert import ORDER_KEPT_MIN_PAIRS
 
     problem = make_problem(p=4, m=ORDER_KEPT_MIN_PAIRS // 4, limit=250.0, offload=True, recompute=True, weight_grad_mib=100.0,
                            f=1.0137, b=1.2291, w=0.8113, offload_ms=0.9173, p2p=0.0531)

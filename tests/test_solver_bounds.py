@@ -11,17 +11,16 @@ import random
 
 import pytest
 from core_schedules import make_problem, problem_doc
-
-from planner.bounds import free_lower_bound, lower_bound, min_memory
-from planner.contract import Problem
-from planner.solver import solve
-from planner.solver.memory_bound import memory_lower_bound
+from pipeplan.planner.bounds import free_lower_bound, lower_bound, min_memory
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.solver import solve
+from pipeplan.planner.solver.memory_bound import memory_lower_bound
 
 
 @pytest.fixture
 def blind_solve(monkeypatch):
     """`solve` with only planner.bounds' lower bound: an oracle independent of memory_lower_bound."""
-    from planner.solver import api, incumbent
+    from pipeplan.planner.solver import api, incumbent
 
     monkeypatch.setattr(incumbent, "combined_lower_bound", lower_bound)
     monkeypatch.setattr(api, "memory_lower_bound", lambda problem: 0.0)
@@ -94,9 +93,9 @@ def test_occupancy_bound_binds_near_the_least_memory_and_holds(blind_solve):
     runs out (occupancy_bound.py). The bound must rise above the memory-free and forward-count
     arguments and stay under the optimum CP-SAT proves without it (36 against 37). (The one-activation
     argument of bounds.exclusive_bound reaches 36 here too, by another route.)"""
-    from planner.solver.exclusion_bound import exclusion_lower_bound
-    from planner.solver.memory_bound import count_lower_bound
-    from planner.solver.occupancy_bound import occupancy_lower_bound
+    from pipeplan.planner.solver.exclusion_bound import exclusion_lower_bound
+    from pipeplan.planner.solver.memory_bound import count_lower_bound
+    from pipeplan.planner.solver.occupancy_bound import occupancy_lower_bound
 
     doc = problem_doc(p=3, m=6, b=1.0, w=1.0, weight_grad_mib=0.0)
     need = max(min_memory(Problem.model_validate(doc)))
@@ -117,7 +116,7 @@ def test_forwards_before_the_first_free_count_whole(blind_solve):
     earliest and frees nothing before, so only 2 whole forwards (not 2.5) can have started; with the
     backward in [7, 8) it is busy at most 3 of those 8 ms. 18 ms of work + 5 idle = 23 (22.5 counting
     fractions of a forward); the optimum CP-SAT proves without the bound is 27."""
-    from planner.solver.memory_bound import _whole_knapsack, count_lower_bound
+    from pipeplan.planner.solver.memory_bound import _whole_knapsack, count_lower_bound
 
     assert _whole_knapsack(250.0, [(1.0, 100.0, 8.0)]) == 2.0
     assert _whole_knapsack(250.0, [(1.0, 100.0, 8.0), (3.0, 120.0, 8.0)]) == 6.0  # two of the second
@@ -137,7 +136,7 @@ def test_the_tail_counts_the_warm_up_idle_of_a_copy_bound_device(blind_solve):
     lane let four forwards start before then, busy 4.0 ms, so 1.2 ms idle (warmup_waste). Its last B
     ends at >= 2 + 1.2 + 14.4 - 2.4 (two pending W's fit) = 15.2, then B1, B0, W0: 18.2, where the
     tail without that idle and every other argument give 17.6. The blind optimum is 20.8."""
-    from planner.bounds import warmup_waste
+    from pipeplan.planner.bounds import warmup_waste
 
     doc = problem_doc(p=5, m=4, offload=True, offload_ms=1.5, offloadable_mib=100.0, weight_grad_mib=100.0)
     heavy = doc["stages"][2]

@@ -7,11 +7,11 @@ import json
 import re
 
 from core_schedules import problem_doc
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.validator import validate_plan
 from typer.testing import CliRunner
 
 from pipeplan.cli import app
-from planner.contract import Plan, Problem
-from planner.validator import validate_plan
 
 
 def test_solve_writes_a_valid_plan_and_reports_progress(tmp_path):

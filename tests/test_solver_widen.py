@@ -12,11 +12,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeplan.planner.baselines.greedy import greedy_outcome, inline_runs  # noqa: E402
+from pipeplan.planner.solver.api import _widen_greedy  # noqa: E402
+from pipeplan.planner.solver.incumbent import Incumbent  # noqa: E402
+
 from bench.model_suite import find  # noqa: E402
 from bench.models import rows_of  # noqa: E402
-from planner.baselines.greedy import greedy_outcome, inline_runs  # noqa: E402
-from planner.solver.api import _widen_greedy  # noqa: E402
-from planner.solver.incumbent import Incumbent  # noqa: E402
 
 
 def test_outcomes_carry_their_plans_makespan_and_the_incumbent_gets_the_best():

@@ -10,10 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from pipeplan.client.torch_runtime import side_op_positions
+from pipeplan.planner.ops import Kind
 from torch_ranks import planned, problem_for, reference_grads, spawn, tight
-
-from client.torch_runtime import side_op_positions
-from planner.ops import Kind
 
 pytestmark = pytest.mark.torch
 
@@ -68,7 +67,7 @@ def test_planned_offload_and_recompute_match_reference_across_swaps_and_placemen
     """One process start, four jobs: hand-made plans (loop placement with B/W split swapping between
     two plans; V placement, stage k and 7-k on one rank, with full backwards) and real baseline plans
     under tight memory limits (adaoffload on an interleaved placement, pipeoffload on zb-v)."""
-    from planner.baselines import run_baseline
+    from pipeplan.planner.baselines import run_baseline
 
     loop = problem_for(4, 4)
     first = planned(loop, offload={(0, 0), (0, 2), (1, 1)}, recompute={(1, 0), (2, 3), (3, 1)})
@@ -99,9 +98,9 @@ def test_emulated_runs_hold_the_prediction_overlap_copies_and_calibrate_a_slow_s
     - the 1F1B plan on hardware whose stage 2 is twice as slow: the trace names stage 2's error and
       the calibrated problem carries the measured costs (stage 2 about 2x, the others about 1x).
     """
-    from client.emulated_pipeline import Job, run_emulated
-    from planner.fidelity import calibrated_problem, fidelity, synchronous_copies_makespan
-    from planner.trace import check_trace
+    from pipeplan.client.emulated_pipeline import Job, run_emulated
+    from pipeplan.planner.fidelity import calibrated_problem, fidelity, synchronous_copies_makespan
+    from pipeplan.planner.trace import check_trace
     from torch_ranks import emulated_problem, slowed
 
     problem = emulated_problem()

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from pipeplan.planner.baselines import run_baseline
+from pipeplan.planner.contract import Problem
+from pipeplan.planner.exports import chrome_trace_compared
+from pipeplan.planner.fidelity import calibrated_problem, fidelity, retime, synchronous_copies_makespan
+from pipeplan.planner.trace import Trace, check_trace
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from pipeplan.cli import app
-from planner.baselines import run_baseline
-from planner.contract import Problem
-from planner.exports import chrome_trace_compared
-from planner.fidelity import calibrated_problem, fidelity, retime, synchronous_copies_makespan
-from planner.trace import Trace, check_trace
 
 runner = CliRunner()
 
@@ -32,7 +32,7 @@ def replay(problem: Problem, plan, slow_stage: int | None = None, factor: float 
     """A 'measurement' of `plan`: its orders re-timed under costs where one stage is `factor` slower;
     with `overhead`, the runtime keeps the device that long after every compute op (the op's own
     measured end is before it)."""
-    from planner.simulator import schedule_from_plan, simulate
+    from pipeplan.planner.simulator import schedule_from_plan, simulate
 
     doc = problem.model_dump(mode="json")
     if slow_stage is not None:
@@ -47,7 +47,7 @@ def replay(problem: Problem, plan, slow_stage: int | None = None, factor: float 
     for dp in plan.devices:
         ops = []
         for p in dp.ops:
-            from planner.ops import Kind, Op
+            from pipeplan.planner.ops import Kind, Op
 
             start, end = timing.times[Op(Kind(p.kind), p.stage, p.mb)]
             end -= overhead if p.kind in ("F", "B", "W") else 0.0
@@ -181,7 +181,7 @@ def test_an_emulated_wait_ends_at_its_deadline_not_a_sleep_s_overshoot_later():
     import statistics
     import time
 
-    from client.emulation import wait_until
+    from pipeplan.client.emulation import wait_until
 
     late = []
     for _ in range(30):

@@ -9,19 +9,18 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from planner.baselines import best_heuristic
-from planner.baselines.classic import gpipe_orders
-from planner.baselines.common import DoesNotFit, Outcome, better, evaluate, peaks_of, schedule_of
-from planner.contract import Plan, Problem
-from planner.costmodel import spec_from_document
-from planner.documents import problem_from_spec
-from planner.memory import TimedOp, peak_memory
-from planner.ops import Choice, Kind
-from planner.simulator import Timing, build_plan, simulate
-from planner.solver.incumbent import Incumbent
-from planner.transfers import HEADROOM, prune, prune_plan
-from planner.validator import validate_plan
+from pipeplan.planner.baselines import best_heuristic
+from pipeplan.planner.baselines.classic import gpipe_orders
+from pipeplan.planner.baselines.common import DoesNotFit, Outcome, better, evaluate, peaks_of, schedule_of
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.costmodel import spec_from_document
+from pipeplan.planner.documents import problem_from_spec
+from pipeplan.planner.memory import TimedOp, peak_memory
+from pipeplan.planner.ops import Choice, Kind
+from pipeplan.planner.simulator import Timing, build_plan, simulate
+from pipeplan.planner.solver.incumbent import Incumbent
+from pipeplan.planner.transfers import HEADROOM, prune, prune_plan
+from pipeplan.planner.validator import validate_plan
 
 SPECS = Path(__file__).resolve().parents[1] / "examples" / "specs"
 GIB = 1024.0

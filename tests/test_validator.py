@@ -6,9 +6,8 @@ from collections.abc import Callable
 
 import pytest
 from core_schedules import make_problem, one_f_one_b, plan_of, serialized
-
-from planner.contract import Plan, PlanOp, Problem
-from planner.validator import InvalidPlanError, assert_valid, validate_plan
+from pipeplan.planner.contract import Plan, PlanOp, Problem
+from pipeplan.planner.validator import InvalidPlanError, assert_valid, validate_plan
 
 # Two devices with a link; one problem offloads (80 of 100 MiB offloadable), one recomputes (10 MiB
 # checkpoint). Both plans are checked valid before any mutation.

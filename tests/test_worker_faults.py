@@ -9,7 +9,16 @@ import time
 
 import httpx
 import pytest
-from service_support import Proc, free_port, hard_problem, problem_doc, service_env, start_server, start_worker, wait_for
+from service_support import (
+    Proc,
+    free_port,
+    hard_problem,
+    problem_doc,
+    service_env,
+    start_server,
+    start_worker,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 

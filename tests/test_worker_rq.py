@@ -19,6 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import redis
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.service.outcomes import describe
+from pipeplan.service.repository import Repository
 from rq import Queue
 from service_support import (
     REDIS_URL,
@@ -32,10 +35,6 @@ from service_support import (
     start_worker,
     wait_for,
 )
-
-from planner.contract import Plan, Problem
-from service.outcomes import describe
-from service.repository import Repository
 
 pytestmark = pytest.mark.integration
 

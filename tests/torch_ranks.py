@@ -10,11 +10,11 @@ import os
 import socket
 from pathlib import Path
 
-from client.emulated_pipeline import make_blocks
-from planner.contract import Plan, Problem
-from planner.ops import Kind, Op
-from planner.simulator import DeviceOrder, Gate, Schedule, build_plan, simulate
-from planner.validator import assert_valid
+from pipeplan.client.emulated_pipeline import make_blocks
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.ops import Kind, Op
+from pipeplan.planner.simulator import DeviceOrder, Gate, Schedule, build_plan, simulate
+from pipeplan.planner.validator import assert_valid
 
 WIDTH = 8
 
@@ -40,8 +40,8 @@ def problem_for(p: int, m: int, *, chunks: int = 1, placement: str = "loop", spl
 
 def tight(problem: Problem, fraction: float, dense: str) -> Problem:
     """The problem with limits `fraction` of the way from the least feasible memory to `dense`'s peak."""
-    from planner.baselines import run_baseline
-    from planner.bounds import min_memory
+    from pipeplan.planner.baselines import run_baseline
+    from pipeplan.planner.bounds import min_memory
 
     peak, floor = run_baseline(problem, dense).peak_memory_mib, min_memory(problem)
     doc = problem.model_dump(mode="json")
@@ -112,9 +112,8 @@ def run_rank(rank: int, world: int, port: int, jobs: list[tuple[str, list[str]]]
 
 def _run_job(rank: int, problem: Problem, plans: list[Plan], steps_per_plan: int) -> dict:
     import torch
+    from pipeplan.client.torch_runtime import build_schedule
     from torch.distributed.pipelining import PipelineStage
-
-    from client.torch_runtime import build_schedule
 
     layers = make_layers(problem.num_stages)
     mine = problem.stages_of(rank)

@@ -14,11 +14,11 @@ import os
 import socket
 import time
 
+from pipeplan.service.queue import RQQueue
+from pipeplan.service.reconcile import reconcile
 from rq import Queue, Worker
 
 from pipeplan.settings import Settings
-from service.queue import RQQueue
-from service.reconcile import reconcile
 
 from . import tasks
 
@@ -101,8 +101,8 @@ def _clear_stale_name(connection, name: str) -> None:
 
 def run_worker(settings: Settings, burst: bool = False, name: str | None = None) -> None:
     """Work the queue until stopped; a Redis outage of any length is waited out, not fatal."""
-    from service.db import make_engine
-    from service.schema import ensure_schema
+    from pipeplan.service.db import make_engine
+    from pipeplan.service.schema import ensure_schema
 
     if not settings.redis_url:
         raise SystemExit("error: set PIPEPLAN_REDIS_URL (and PIPEPLAN_DATABASE_URL) to run a worker")
@@ -115,7 +115,7 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
     ensure_schema(make_engine(settings.resolved_database_url, 1), settings.should_auto_migrate)
     ctx = tasks.configure(settings)
     try:  # import once in the parent, not in every forked horse
-        import planner.solver  # noqa: F401
+        import pipeplan.planner.solver  # noqa: F401
     except ImportError as exc:
         log.warning("planner.solver not importable yet: %s", exc)
     PipeplanWorker.reconcile_queue = q

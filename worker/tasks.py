@@ -18,14 +18,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from pipeplan.planner.bounds import MemoryInfeasibleError
+from pipeplan.planner.contract import Plan
+from pipeplan.planner.validator import InvalidPlanError
+from pipeplan.service.events import Publisher, job_message, revision_message
+from pipeplan.service.models import CANCELLED, DONE, FAILED, SOLVING
+from pipeplan.service.outcomes import OPTIMAL
+from pipeplan.service.repository import Repository
+
 from pipeplan.settings import Settings, get_settings
-from planner.bounds import MemoryInfeasibleError
-from planner.contract import Plan
-from planner.validator import InvalidPlanError
-from service.events import Publisher, job_message, revision_message
-from service.models import CANCELLED, DONE, FAILED, SOLVING
-from service.outcomes import OPTIMAL
-from service.repository import Repository
 
 log = logging.getLogger("pipeplan.worker")
 
@@ -91,7 +92,7 @@ def run_job(ctx: WorkerContext, key: str, run_id: str) -> str:
     beat.start()
     state, error, result = DONE, None, None
     try:
-        from planner.solver import solve
+        from pipeplan.planner.solver import solve
 
         result = solve(problem, time_limit_s=max(0.1, remaining), on_improvement=on_improvement, stop=stop,
                        hint=hint, workers=settings.solver_workers, problem_key=key)
@@ -127,7 +128,7 @@ def run_job(ctx: WorkerContext, key: str, run_id: str) -> str:
 def offer_to_frontiers(ctx: WorkerContext, key: str) -> None:
     """A frontier point's better plan fits every larger budget of its frontier: offer it there."""
     try:
-        from service.frontier_store import FrontierStore
+        from pipeplan.service.frontier_store import FrontierStore
 
         FrontierStore(ctx.repo).propagate(
             key, lambda other, revision: ctx.publisher.publish(other, revision_message(other, revision)))
@@ -141,8 +142,8 @@ _CONTEXT_PID: int | None = None
 
 
 def make_context(settings: Settings) -> WorkerContext:
-    from service.db import ForkSafeEngine
-    from service.events import RedisPublisher
+    from pipeplan.service.db import ForkSafeEngine
+    from pipeplan.service.events import RedisPublisher
 
     engine = ForkSafeEngine(settings.resolved_database_url, pool_size=2)
     if not settings.redis_url:

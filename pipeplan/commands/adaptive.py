@@ -24,11 +24,11 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
 
         from pipeplan.io import fail, read_json, write_json
+        from pipeplan.planner.adaptive import plan_adaptive
+        from pipeplan.planner.bounds import MemoryInfeasibleError
+        from pipeplan.planner.contract import error_messages
+        from pipeplan.planner.costmodel import Spec, is_problem_document
         from pipeplan.settings import get_settings
-        from planner.adaptive import plan_adaptive
-        from planner.bounds import MemoryInfeasibleError
-        from planner.contract import error_messages
-        from planner.costmodel import Spec, is_problem_document
 
         if time_limit <= 0:
             fail("--time-limit: must be > 0")

@@ -22,7 +22,7 @@ TraceArg = Annotated[Path, typer.Argument(metavar="TRACE.json", help="Its pipepl
 def load_trace(path: Path):
     from pydantic import ValidationError
 
-    from planner.trace import Trace
+    from pipeplan.planner.trace import Trace
 
     try:
         return Trace.model_validate(read_json(path))
@@ -43,9 +43,9 @@ def fidelity_cmd(
     path_steps: Annotated[int, typer.Option("--path", help="Critical-path steps to print.", min=0)] = 12,
 ) -> None:
     """Predicted vs measured makespan, error per op kind and stage, and the measured critical path."""
-    from planner.exports import chrome_trace_compared
-    from planner.fidelity import calibrated_problem, fidelity
-    from planner.trace import check_trace
+    from pipeplan.planner.exports import chrome_trace_compared
+    from pipeplan.planner.fidelity import calibrated_problem, fidelity
+    from pipeplan.planner.trace import check_trace
 
     problem, plan, trace = load_problem(problem_path), load_plan(plan_path), load_trace(trace_path)
     if errors := check_trace(problem, plan, trace):

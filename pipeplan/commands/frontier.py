@@ -45,7 +45,7 @@ def _progress(started: float):
 
 def _load(path: Path, offload: bool | None, recompute: bool | None):
     """A frontier document, or the problem (a spec's training options overridden first)."""
-    from planner.frontier import FRONTIER_FORMAT
+    from pipeplan.planner.frontier import FRONTIER_FORMAT
 
     doc = read_json(path)
     if isinstance(doc, dict) and doc.get("format") == FRONTIER_FORMAT:
@@ -60,7 +60,7 @@ def _load(path: Path, offload: bool | None, recompute: bool | None):
             doc["options"] = {**doc.get("options", {}), **overrides}
     from pydantic import ValidationError
 
-    from planner.contract import error_messages
+    from pipeplan.planner.contract import error_messages
 
     try:
         problem = problem_from_doc(doc)
@@ -72,7 +72,7 @@ def _load(path: Path, offload: bool | None, recompute: bool | None):
 
 def answer_queries(doc: dict[str, Any], target_ms: float | None, budget_gib: float | None) -> int:
     """Print the answers on stdout; 2 when a query has no answer (the message says the nearest)."""
-    from planner.frontier import view_of
+    from pipeplan.planner.frontier import view_of
 
     view = view_of(doc)
     code = 0
@@ -131,7 +131,7 @@ def frontier_cmd(
 ) -> None:
     """Iteration time against per-GPU memory, from the least memory any schedule needs to where the
     unlimited-memory optimum fits, with every peer schedule as a point; and the two queries."""
-    from planner.frontier import compute_frontier
+    from pipeplan.planner.frontier import compute_frontier
 
     doc, problem = _load(source, offload, recompute)
     if problem is not None:
@@ -158,7 +158,7 @@ def frontier_cmd(
     elif out is not None:
         write_json(doc, out)
     if plot is not None:
-        from planner.frontier_render import render_frontier
+        from pipeplan.planner.frontier_render import render_frontier
 
         fmt = plot.suffix.lstrip(".") or "png"
         if fmt not in ("png", "svg"):

@@ -26,7 +26,7 @@ from pipeplan.io import (
     write_json,
     write_text,
 )
-from planner.contract import Plan, Problem
+from pipeplan.planner.contract import Plan, Problem
 
 ProblemArg = Annotated[Path, typer.Argument(metavar="PROBLEM.json",
                                             help="A problem v1 document or a model spec (detected).")]
@@ -35,7 +35,7 @@ OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write here ins
 
 def _check_memory(problem: Problem) -> list[float]:
     """min_memory per device; exit 2 naming every device whose limit is below it."""
-    from planner.bounds import MemoryInfeasibleError, check_memory_feasible
+    from pipeplan.planner.bounds import MemoryInfeasibleError, check_memory_feasible
 
     try:
         return check_memory_feasible(problem)
@@ -71,7 +71,7 @@ def baseline_cmd(
     out: OutOpt = None,
 ) -> None:
     """Run one classic schedule and write its (validated) plan v1."""
-    from planner.baselines import NAMES, DoesNotFit, NotApplicable, run_baseline
+    from pipeplan.planner.baselines import NAMES, DoesNotFit, NotApplicable, run_baseline
 
     if name not in NAMES:
         bad_input(f"NAME: unknown baseline {name!r}; choose one of {', '.join(NAMES)}")
@@ -96,7 +96,7 @@ def validate_cmd(
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json")],
 ) -> None:
     """Check a plan against its problem (CONTRACT.md): exit 0 valid, 1 invalid with every violation."""
-    from planner.validator import validate_plan
+    from pipeplan.planner.validator import validate_plan
 
     problem = load_problem(problem_path)
     plan = load_plan(plan_path)
@@ -137,7 +137,7 @@ def _gap(makespan: float, bound: float) -> float:
 
 
 def run_all(problem: Problem) -> list[Row]:
-    from planner.baselines import NAMES, DoesNotFit, NotApplicable, run_baseline
+    from pipeplan.planner.baselines import NAMES, DoesNotFit, NotApplicable, run_baseline
 
     rows = []
     for name in NAMES:
@@ -172,7 +172,7 @@ def compare_cmd(
     from rich.console import Console
     from rich.table import Table
 
-    from planner.bounds import lower_bound
+    from pipeplan.planner.bounds import lower_bound
 
     problem = load_problem(problem_path)
     needed = _check_memory(problem)
@@ -245,8 +245,8 @@ def render_cmd(
     copy_lanes: Annotated[str, typer.Option(help="auto (only when the plan copies), always or never.")] = "auto",
 ) -> None:
     """Draw the plan as a Gantt chart with the memory of every device beneath (SVG or PNG)."""
-    from planner.render import RenderOptions, render
-    from planner.validator import validate_plan
+    from pipeplan.planner.render import RenderOptions, render
+    from pipeplan.planner.validator import validate_plan
 
     fmt = Path(out).suffix.lower().lstrip(".")
     if fmt not in ("svg", "png"):

@@ -31,13 +31,13 @@ def profile_cmd(
     try:
         import torch
 
-        from client.profiler import profile_stack
+        from pipeplan.client.profiler import profile_stack
     except ModuleNotFoundError:
         bad_input("pipeplan profile needs torch: pip install -e '.[torch]'")
     from pydantic import ValidationError
 
-    from planner.costmodel import Spec
-    from planner.documents import problem_from_spec
+    from pipeplan.planner.costmodel import Spec
+    from pipeplan.planner.documents import problem_from_spec
 
     if ":" not in factory:
         bad_input(f"MODULE:FUNCTION: expected e.g. mymodels.small:layers, got {factory!r}")

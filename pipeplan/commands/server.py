@@ -32,12 +32,12 @@ def serve(
     try:
         import uvicorn
 
-        from service.app import create_app
+        from pipeplan.service.app import create_app
     except ModuleNotFoundError as exc:
         _needs_server_extra(exc)
     settings = _settings(host=host, port=port)
-    from service.db import make_engine
-    from service.schema import SchemaNotReady, ensure_schema
+    from pipeplan.service.db import make_engine
+    from pipeplan.service.schema import SchemaNotReady, ensure_schema
 
     engine = make_engine(settings.resolved_database_url, 1)
     try:  # fail before uvicorn starts, with the message alone (the app checks again in its lifespan)
@@ -60,7 +60,7 @@ def serve(
         if not settings.redis_url:
             fail("PIPEPLAN_HTTP_WORKERS > 1 needs PIPEPLAN_REDIS_URL: processes must share the queue and events")
         # Each process builds its own app from the same environment (Settings()), via service.asgi.
-        uvicorn.run("service.asgi:app_from_env", factory=True, host=settings.host, port=settings.port,
+        uvicorn.run("pipeplan.service.asgi:app_from_env", factory=True, host=settings.host, port=settings.port,
                     workers=settings.http_workers, log_level=log_level, timeout_graceful_shutdown=3)
         return
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level=log_level,
@@ -77,11 +77,11 @@ def worker(
 ) -> None:
     """Run one refine worker on the Redis queue (start any number, on any machine)."""
     try:
-        from worker.rq_worker import run_worker
+        from pipeplan.worker.rq_worker import run_worker
     except ModuleNotFoundError as exc:
         _needs_server_extra(exc)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from service.schema import SchemaNotReady
+    from pipeplan.service.schema import SchemaNotReady
 
     try:
         run_worker(_settings(), burst=burst, name=name)
@@ -94,8 +94,8 @@ def migrate(
 ) -> None:
     """Apply the database migrations (PIPEPLAN_DATABASE_URL; default the embedded SQLite file)."""
     try:
-        from service import schema
-        from service.db import make_engine
+        from pipeplan.service import schema
+        from pipeplan.service.db import make_engine
     except ModuleNotFoundError as exc:
         _needs_server_extra(exc)
     settings = _settings()

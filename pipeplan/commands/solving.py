@@ -37,10 +37,10 @@ def solve_cmd(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the plan here instead of stdout.")] = None,
 ) -> None:
     """Find a schedule faster than every heuristic at the same memory; write the best valid plan v1."""
+    from pipeplan.planner.bounds import MemoryInfeasibleError, lower_bound
+    from pipeplan.planner.solver import ENGINES, solve
+    from pipeplan.service.outcomes import describe
     from pipeplan.settings import get_settings
-    from planner.bounds import MemoryInfeasibleError, lower_bound
-    from planner.solver import ENGINES, solve
-    from service.outcomes import describe
 
     if engine not in ENGINES:
         fail(f"--engine: {engine!r} is not one of {', '.join(ENGINES)}")
