@@ -13,7 +13,7 @@ from dataclasses import replace
 from itertools import zip_longest
 from typing import NamedTuple
 
-from ..bounds import first_backward_start, forward_head, one_stage_limited, round_trip
+from ..bounds.pipeline import first_backward_start, forward_head, one_stage_limited, round_trip
 from ..contract import Plan, Problem
 from ..ops import Kind, Op
 from ..simulator import ScheduleError
