@@ -7,8 +7,9 @@ from core_schedules import at_least_memory_times, make_problem, problem_doc
 from pipeplan.planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, compare, run_baseline
 from pipeplan.planner.baselines.classic import serialized_schedule
 from pipeplan.planner.baselines.common import TIE_TOLERANCE, evaluate, peaks_of
-from pipeplan.planner.baselines.greedy import fractional_treat, greedy_outcome, slow_copies
+from pipeplan.planner.baselines.greedy import greedy_outcome
 from pipeplan.planner.baselines.offload import pipeoffload_outcome
+from pipeplan.planner.baselines.treatments import fractional_treat, slow_copies
 from pipeplan.planner.bounds import ALL, MemoryInfeasibleError, lower_bound, min_memory
 from pipeplan.planner.contract import Problem
 from pipeplan.planner.validator import validate_plan
