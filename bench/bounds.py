@@ -1,4 +1,4 @@
-"""Is a memory-aware bound ever above an optimum? (docs/optimizer.md, "Bounds")
+"""Is a bound argument ever above an optimum? Which one is tight? (docs/optimizer.md, "Bounds")
 
     .venv/bin/python bench/bounds.py --seed 1 --problems 150
     .venv/bin/python bench/bounds.py --seed 7 --problems 200
@@ -7,13 +7,13 @@
 
 Random small problems (2-4 devices, 2-5 microbatches, 1-2 chunks, split or not, offload and
 recompute on or off, limits 1-2x the least memory; `--family uneven`: forwards that differ by stage,
-no memory limit, where planner.bounds.arrival_bound binds; `--family copies`: two stages per device,
-copies slower than forwards, a heavy last stage, where planner.solver.chunk_warmup binds), each
-solved by CP-SAT *blind* to planner.solver.memory_bound and to planner.bounds' arrival, warmup and
-exclusive bounds (it knows only free_lower_bound): the solver normally gives those bounds to the
-model as the makespan's floor and calls a plan meeting them optimal, so an oracle that knew them
-could not catch them being too high.
-Every proven optimum is compared with all of them; any violation is printed and fails the run.
+no memory limit, where the arrival argument binds; `--family copies`: two stages per device, copies
+slower than forwards, a heavy last stage, where the several-stage warm-up binds), each solved by
+CP-SAT *blind* to every planner.bounds argument but the memory-free one: the solver normally gives
+the bounds to the model as the makespan's floor and calls a plan meeting them optimal, so an oracle
+that knew them could not catch them being too high. Every proven optimum is compared with every
+argument; any violation is printed and fails the run. The table counts, per argument, the problems
+where it is tight (ties go to the argument listed first) and where it alone is tight.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from core_schedules import problem_doc, slow_copies_chunked, uneven_forwards  # the tests' builders
-from oracles import blind_to_memory_bounds  # the tests' blind CP-SAT
-from pipeplan.planner.bounds import free_lower_bound, lower_bound, min_memory
+from pipeplan.planner.bounds import ALL, ARGUMENTS, min_memory, prove
 from pipeplan.planner.contract import Problem
 from pipeplan.planner.solver import solve
-from pipeplan.planner.solver.memory_bound import memory_lower_bound
+from support.oracles import BLIND  # the tests' blind oracle
 
 
 def random_problem(rng: random.Random) -> Problem:
@@ -59,27 +59,32 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     build = FAMILIES[args.family]
-    proven = violations = stronger = warmup_wins = 0
+    proven = violations = stronger = 0
+    tight: Counter[str] = Counter()
+    alone: Counter[str] = Counter()
     for n in range(1, args.problems + 1):
         problem = build(rng)
-        bound = max(memory_lower_bound(problem), lower_bound(problem))  # every bound the solver reports
-        with blind_to_memory_bounds():
-            result = solve(problem, args.seconds, engine="cpsat", workers=1)
+        proof = prove(problem, ALL)  # every bound the solver reports
+        result = solve(problem, args.seconds, engine="cpsat", workers=1, bounds=BLIND)
         if result.status == "optimal":
             proven += 1
-            if bound > result.plan.makespan_ms + 1e-9:
+            if proof.ms > result.plan.makespan_ms + 1e-9:
                 violations += 1
-                print(f"VIOLATION: bound {bound} > optimum {result.plan.makespan_ms}: "
+                print(f"VIOLATION: {proof.tight} {proof.ms} > optimum {result.plan.makespan_ms}: "
                       f"{problem.model_dump_json()}", flush=True)
-        stronger += bound > free_lower_bound(problem) + 1e-9
-        others = max(free_lower_bound(problem), memory_lower_bound(problem))
-        warmup_wins += lower_bound(problem) > others + 1e-9
+        stronger += proof.ms > proof.values["memory_free"] + 1e-9
+        if proof.tight is not None:
+            tight[proof.tight] += 1
+            if sum(v >= proof.ms - 1e-9 for v in proof.values.values()) == 1:
+                alone[proof.tight] += 1
         if n % 25 == 0:
             print(f"[{n}/{args.problems}] {proven} proven optima, {violations} violations", file=sys.stderr,
                   flush=True)
-    print(f"{args.problems} problems: {proven} optima proven, bound above an optimum {violations} times, "
-          f"above the memory-free bound on {stronger}, raised by planner.bounds' arrival / warm-up / "
-          f"exclusive bounds alone on {warmup_wins}")
+    print(f"{args.problems} problems: {proven} optima proven, a bound above an optimum {violations} times, "
+          f"above the memory-free bound on {stronger}\n")
+    print("| argument | tight on | alone tight on |\n|---|---|---|")
+    for a in ARGUMENTS:
+        print(f"| {a.name} | {tight[a.name]} | {alone[a.name]} |")
     return 1 if violations else 0
 
 

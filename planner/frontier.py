@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .bounds import min_memory
+from .bounds import ALL, lower_bound, min_memory
 from .contract import Plan, Problem
 from .simulator import build_plan, schedule_from_plan, simulate
 from .validator import assert_valid, validate_plan
@@ -368,8 +368,6 @@ def compute_frontier(problem: Problem, points: int = 12, time_limit_s: float = 1
     """
     if points < 2:
         raise ValueError(f"points: {points} is too few; a frontier needs at least 2 (its two ends)")
-    from .solver.memory_bound import combined_lower_bound
-
     solve = solve_fn or _default_solve()
     report = on_progress or (lambda _e: None)
     started = time.monotonic()
@@ -404,7 +402,7 @@ def compute_frontier(problem: Problem, points: int = 12, time_limit_s: float = 1
         key = sub.key()
         prior = best_fit(sub, key, f)
         t0 = time.monotonic()
-        bound = max(combined_lower_bound(sub), s.top_bound_ms if f >= s.factor_max else 0.0)
+        bound = max(lower_bound(sub, ALL), s.top_bound_ms if f >= s.factor_max else 0.0)
         stopped = stop is not None and stop.is_set()
         if prior is not None and (prior[1].makespan_ms <= bound + EPS_MS or stopped):
             plan, source = prior[1], prior[0]  # proven already (or stopped): no solve needed

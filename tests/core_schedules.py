@@ -50,7 +50,7 @@ def make_problem(*args: Any, **kw: Any) -> Problem:
 
 def uneven_forwards(rng: random.Random) -> Problem:
     """A small random problem whose forwards differ by stage, so upstream stages can starve a device
-    (planner.bounds.arrival_bound's family); no memory limit."""
+    (the arrival argument's family, planner/bounds/arrivals.py); no memory limit."""
     doc = problem_doc(p=rng.choice([2, 3]), m=rng.choice([2, 3, 4]), chunks=rng.choice([1, 2, 2]),
                       placement=rng.choice(["loop", "v"]), split=rng.random() < 0.8,
                       b=rng.choice([1.0, 1.5]), w=rng.choice([0.5, 1.0]), p2p=rng.choice([0.0, 0.1]))
@@ -63,7 +63,7 @@ def slow_copies_chunked(rng: random.Random) -> Problem:
     """A small random problem with two stages per device, copies slower than forwards and a heavy
     last stage that cannot be offloaded, at 1-2x the least memory: where the copies that have ended
     by a device's last forward before its first backward decide how many forwards fit
-    (planner.solver.chunk_warmup's family)."""
+    (planner/bounds/chunk_warmup.py's family)."""
     p = rng.choice([2, 3])
     doc = problem_doc(p, rng.choice([3, 4, 5]), chunks=2, placement=rng.choice(["v", "loop"]),
                       offload=True, recompute=rng.random() < 0.5, split=rng.random() < 0.7,

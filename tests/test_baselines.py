@@ -7,11 +7,11 @@ from core_schedules import at_least_memory_times, make_problem, problem_doc
 from pipeplan.planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, compare, run_baseline
 from pipeplan.planner.baselines.classic import serialized_schedule
 from pipeplan.planner.baselines.common import TIE_TOLERANCE, evaluate, peaks_of
-from pipeplan.planner.baselines.greedy import fractional_treat, greedy_outcome, slow_copies
+from pipeplan.planner.baselines.greedy import greedy_outcome
 from pipeplan.planner.baselines.offload import pipeoffload_outcome
-from pipeplan.planner.bounds import MemoryInfeasibleError, lower_bound, min_memory
+from pipeplan.planner.baselines.treatments import fractional_treat, slow_copies
+from pipeplan.planner.bounds import ALL, MemoryInfeasibleError, lower_bound, min_memory
 from pipeplan.planner.contract import Problem
-from pipeplan.planner.solver.memory_bound import memory_lower_bound
 from pipeplan.planner.validator import validate_plan
 
 
@@ -245,7 +245,7 @@ def test_eager_forwards_reach_the_memory_bound_at_quarter_memory():
     problem = reference_case(8, 32, True, limit=2.0, offload_ms=1.0, offload=True)
     plan = run_baseline(problem, "greedy")
     assert validate_plan(problem, plan) == [] and "eager" in plan.method
-    assert plan.makespan_ms == pytest.approx(memory_lower_bound(problem))  # 111.3
+    assert plan.makespan_ms == pytest.approx(lower_bound(problem, ALL))  # 111.3
 
 
 def test_compare_summarizes_a_schedule_that_does_not_fit_in_one_line():

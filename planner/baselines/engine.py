@@ -1,22 +1,23 @@
 """An event-driven list scheduler: the one engine behind ZB-H1, ZB-H2, ZB-V and the greedy scheduler.
 
-Each device's compute lane, when free, picks among its ready ops by a fixed priority: a backward
-(or the recompute that precedes it) first, because it frees memory and unblocks the stage below;
-then a forward, if the stage's in-flight cap and the device's memory admit it; then a W to fill the
-bubble. Weight-gradient passes therefore drift into idle time, which is exactly the zero-bubble
-idea; the in-flight cap reproduces the ZB-H1 (1F1B's warm-up) and ZB-H2 (twice that) patterns, and the
-memory cap makes it the memory-aware greedy. Offloaded activations are copied out right after their
-forward and copied back, gated on the backward `lead` stages up the chain so the copy is hidden yet
-starts late (with `reload_in_turn`, also not before an earlier microbatch's backward there). The
-engine only decides orders and gates; `simulate` re-times them and the caller checks memory on that
-timing, so a mistake here can cost speed but never validity.
+Each device's compute lane, when free, picks among its ready ops by a fixed priority (`_Engine.rules`):
+a backward (or the recompute that precedes it) first, because it frees memory and unblocks the stage
+below; a W that has waited too long; then a forward, if the stage's in-flight cap and the device's
+memory admit it; then a W to fill the bubble. Weight-gradient passes therefore drift into idle time,
+which is exactly the zero-bubble idea; the in-flight cap reproduces the ZB-H1 (1F1B's warm-up) and
+ZB-H2 (twice that) patterns, and the memory cap makes it the memory-aware greedy. Offloaded
+activations are copied out right after their forward and copied back, gated on the backward `lead`
+stages up the chain so the copy is hidden yet starts late (with `reload_in_turn`, also not before an
+earlier microbatch's backward there). EngineConfig groups the settings by what they decide: forwards,
+W's and memory. The engine only decides orders and gates; `simulate` re-times them and the caller
+checks memory on that timing, so a mistake here can cost speed but never validity.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..contract import Problem, Stage
@@ -27,67 +28,69 @@ from .common import TOL
 Treat = Callable[[int, int], str | None]
 
 
-@dataclass
-class EngineConfig:
-    """How the engine prioritizes. `cap[k]`: most forwards of stage k whose backward has not started
-    (None = no count cap); `mem_cap[d]`: memory a device may use, static included (None = ignore
-    memory); `treat(k, i)`: "offload", "recompute" or None for the activation of (k, i)."""
+@dataclass(frozen=True)
+class ForwardPolicy:
+    """When a forward may start. `cap[k]`: most forwards of stage k whose backward has not started
+    (None = no count cap)."""
 
-    split: bool
-    cap: list[int] | None = None
-    mem_cap: list[float] | None = None
-    treat: Treat | None = None
-    cap_until_w: bool = False  # the cap counts forwards whose W (not just B) is still pending
-    w_lag: list[int] | None = None  # a W jumps ahead of forwards once stage k has this many pending
-    w_tail: list[int] | None = None  # with w_lag: the last w_tail[k] W's of stage k only fill gaps
-    chunk_reserve: bool = True  # a forward leaves room for the same microbatch's later chunk
-    prefer_late_forward: bool = False  # among a device's stages, run the later stage's F first (V shape)
-    # A reload also waits until the previous microbatch's backward of its stage has started, so reloads
-    # return one backward ahead, in the order backwards use them. Without it a slow host link queues
-    # reloads early, and each holds memory the forwards need (het P=8, M=32, half memory, 3-ms
-    # copies: 141.8 -> 115.0 for the greedy; no variant got slower on the benchmark's offload cases).
-    # When only some microbatches are offloaded and a copy spans several microbatches' work, "one
-    # backward ahead" comes too late to hide it, so the turn is the previous offloaded microbatch's,
-    # or the one the copy's span back (`_turn_of`): Qwen2.5-3B on 8 GPUs at half 1F1B's memory
-    # (a copy is 1.6 microbatches of device 0's work), first plan 1,310 -> 1,282 ms.
-    reload_in_turn: bool = False
-    # An offloaded forward needs room for one reload only once the copies under way have freed theirs
-    # (see `_forward_fits`): eager forwards. Otherwise at a quarter of 1F1B's memory a forward waits
-    # for its predecessor's copy and the pipeline runs at half speed.
-    reserve_after_copies: bool = False
-    # A list scheduler starts a forward whenever its lane is free, so an op that arrives a moment later
-    # waits for the whole forward. Where the arrival is on the critical path the device should hold back
-    # instead: the first backward of each of its stages (the warm-up's backward chain decides when
-    # memory starts coming back) and, with `await_later_forward`, a later chunk's forward (the turn of
-    # a V at the last device). Only what is already known counts: ops whose predecessor has been placed.
-    # Qwen2.5-14B V on 16 GPUs at 1F1B's memory: every backward of the first microbatch started 7-26
-    # ms late and device 8, the busiest, idled 100 ms before its first one; 5,283 -> 5,236 ms.
+    cap: Sequence[int] | None = None
+    late_first: bool = False  # among a device's stages, run the later stage's F first (V shape)
+    # With several stages per device, an earlier stage's forward runs only while that stage is fewer
+    # than pace[d] microbatches ahead of the device's last stage: otherwise early-chunk forwards fill
+    # the device and crowd out the last chunk's when they come round.
+    pace: Sequence[int] | None = None
+    # Hold a forward back for an op known to arrive while it would run: the first backward of each of
+    # the device's stages (it decides when memory starts coming back) and, with `await_later_forward`,
+    # a later chunk's forward (the turn of a V). Only arrivals whose predecessor has been placed count.
     await_first_backward: bool = False
     await_later_forward: bool = False
-    # With several stages per device, an earlier stage's forward runs only while that stage is fewer
-    # than pace[d] microbatches ahead of the device's last stage. Otherwise the device fills its idle
-    # time with early-chunk forwards whose activations (or copies and reloads) crowd out the last
-    # chunk's when they come round, which in a V is the LM head. Gemma-2-9B-like V on 8 GPUs at 70%
-    # of 1F1B's memory, offloading every activation: 3,944 -> 3,256 ms (greedy.paced_tries).
-    pace: list[int] | None = None
-    # A fixed compute order (F, B and W ops; a recompute is added before its backward) for some
-    # devices, which then run exactly that order, each op once it is ready and fits: a pattern no
-    # priority rule finds (greedy.exclusive_orders).
-    fixed: dict[int, list[Op]] | None = None
+
+
+@dataclass(frozen=True)
+class WPolicy:
+    """When a weight gradient (W) runs: by default only to fill gaps."""
+
+    lag: Sequence[int] | None = None  # a W jumps ahead of forwards once stage k has this many pending
+    tail: Sequence[int] | None = None  # with lag: the last tail[k] W's of stage k only fill gaps
+    # Off the busiest device a W waits for a backward known to arrive before it would end: one started
+    # just before would delay that backward's whole chain, and there the wait costs nothing.
+    yields: bool = False
+
+
+@dataclass(frozen=True)
+class MemoryPolicy:
+    """What a device's memory admits. `limits[d]`: memory device d may use, static included (None =
+    ignore memory); `treat(k, i)`: "offload", "recompute" or None for the activation of (k, i)."""
+
+    limits: Sequence[float] | None = None
+    treat: Treat | None = None
+    chunk_reserve: bool = True  # a forward leaves room for the same microbatch's later chunk
+    # A reload also waits until the previous offloaded microbatch's backward of its stage has started
+    # (or the one its copy's span back, `_turn_of`): reloads come back in the order backwards use
+    # them instead of queueing early on a slow link, each holding memory the forwards need.
+    reload_in_turn: bool = False
+    # An offloaded forward needs room for one reload only once the copies under way have freed theirs
+    # (`_forward_fits`): eager forwards, without which a forward waits for its predecessor's copy.
+    reserve_after_copies: bool = False
     # Once the last stage's next forward has a known arrival, its device keeps room for that forward
-    # and its backward: no other allocation may overlap them. Where the LM head shares device 0 with
-    # the embedding stage (a V), a recompute or reload that starts just before the head's forward
-    # arrives otherwise holds it up until that microbatch's backward (greedy.held_tries).
+    # and its backward, so a recompute or reload started just before cannot hold the LM head up.
     hold_last: bool = False
-    # On every device but the busiest, a W waits for a backward known to arrive before it would end,
-    # as forwards wait for urgent arrivals: one started just before a backward delays that backward's
-    # whole chain by up to a W, and off the busiest device the wait costs nothing the makespan sees.
-    # The solver's greedy (greedy.yielding_tries), Nemotron-H-8B-like interleaved on 16 GPUs at half
-    # memory: 6,045 -> 6,023 ms; with every attempt yielding on every device instead: 6,081.
-    w_yields: bool = False
 
 
-BUSIEST_SHARE = 0.99  # with w_yields, devices with this share of the most work or more never wait
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine's settings, grouped by what they decide. `fixed`: a compute order (F, B and W ops;
+    a recompute is added before its backward) for some devices, which then run exactly that order,
+    each op once it is ready and fits: a pattern no priority rule finds."""
+
+    split: bool
+    forwards: ForwardPolicy = ForwardPolicy()
+    weights: WPolicy = WPolicy()
+    memory: MemoryPolicy = MemoryPolicy()
+    fixed: dict[int, list[Op]] | None = None
+
+
+BUSIEST_SHARE = 0.99  # with WPolicy.yields, devices with this share of the most work or more never wait
 
 
 class _Failed(Exception):
@@ -113,7 +116,7 @@ class _Engine:
         self.split = cfg.split and problem.options.split_backward
         self.dev_of = [s.device for s in problem.stages]
         self.stages_on = [problem.stages_of(d) for d in range(problem.num_devices)]
-        if cfg.prefer_late_forward:
+        if cfg.forwards.late_first:
             self.f_order = [sorted(st, reverse=True) for st in self.stages_on]
         else:
             self.f_order = self.stages_on
@@ -128,8 +131,8 @@ class _Engine:
         self.h2d_free = [0.0] * D
         self.orders = [DeviceOrder() for _ in range(D)]
         self.gates: list[Gate] = []
-        self.mem_on = cfg.mem_cap is not None
-        self.cap_mem = cfg.mem_cap or [math.inf] * D
+        self.mem_on = cfg.memory.limits is not None
+        self.cap_mem = list(cfg.memory.limits or [math.inf] * D)
         self.level = [problem.devices[d].static_mib for d in range(D)]
         self.future: list[list[tuple[float, int, float, Op]]] = [[] for _ in range(D)]
         self.last_free: list[Op | None] = [None] * D
@@ -143,9 +146,12 @@ class _Engine:
         self.reload_span = [max(1, math.ceil(s.reload_ms / problem.work_ms(s.device) - 1e-9))
                             for s in problem.stages]
         self.wake: set[int] = set()
-        top = max(problem.work_ms(x) for x in range(D))  # devices whose W's yield (cfg.w_yields)
-        self.yielding = {x for x in range(D) if cfg.w_yields and problem.work_ms(x) < BUSIEST_SHARE * top}
+        top = max(problem.work_ms(x) for x in range(D))  # devices whose W's yield (WPolicy.yields)
+        self.yielding = {x for x in range(D)
+                         if cfg.weights.yields and problem.work_ms(x) < BUSIEST_SHARE * top}
         self.fixed_at = {d: 0 for d in (cfg.fixed or {})}  # next op of each fixed order
+        # the choice rule, highest priority first (see `_choose`)
+        self.rules = (self._backward, self._recompute, self._overdue_w, self._forward, self._gap_w)
         # room a forward of stage k must leave so the same microbatch can still run its forward on
         # the device's later stages (else a V / looped device can fill up with early-chunk work)
         self.later_act = [max((problem.stages[j].activation_mib for j in self.stages_on[self.dev_of[k]]
@@ -187,7 +193,7 @@ class _Engine:
         level = self.level[d]
         later = []
         events = self.future[d]
-        if held and self.cfg.hold_last:  # no list copy on the common path
+        if held and self.cfg.memory.hold_last:  # no list copy on the common path
             events = events + self._held(d, s)
         for ev in events:
             if ev[0] <= s + TOL:
@@ -240,7 +246,7 @@ class _Engine:
         """Room for a forward now, and for the reserve (one restore) too. With `reserve_after_copies`
         an offloaded forward needs the reserve only once the copies under way, its own included,
         have freed their memory: a reload comes later than that, and the copies always finish."""
-        if not (self.cfg.reserve_after_copies and ch.offload):
+        if not (self.cfg.memory.reserve_after_copies and ch.offload):
             return self._fits(d, t, alloc, reserve, held)
         if not self._fits(d, t, alloc, held=held):
             return False
@@ -384,7 +390,7 @@ class _Engine:
         none). With every microbatch offloaded, or a copy no longer than a microbatch's work on the
         device, that is the previous microbatch's. Every earlier forward of the stage has run by the
         time the reload is queued, so their choices are known."""
-        if not self.cfg.reload_in_turn:
+        if not self.cfg.memory.reload_in_turn:
             return None
         floor = max(i - self.reload_span[k], -1)
         j = i - 1
@@ -416,11 +422,11 @@ class _Engine:
             n, rl, trig = turn
             off = self.times[Op(Kind.OFFLOAD, rl.stage, rl.mb)]
             start = max(self.h2d_free[d], off[1], self.times[trig][0])
-            if self.mem_on and self.cfg.reserve_after_copies:
+            if self.mem_on and self.cfg.memory.reserve_after_copies:
                 # Eager forwards fill memory to the brim, so ASAP re-timing breaks limits and the
                 # engine's own timing must be exact: no reload checked at a past time, whose level
                 # is folded away. (Held forwards leave slack, and checking in the past there is
-                # faster on the benchmark: 115.0 against 143.5 at half memory with 3-ms copies.)
+                # faster: docs/research/heuristics.md.)
                 start = max(start, now)
             amount = self.p.stages[rl.stage].offloadable_mib
             gate_free = None
@@ -441,14 +447,28 @@ class _Engine:
             self.pending_restore[d].pop((rl.stage, rl.mb), None)
 
     def _tail(self, k: int) -> int:
-        return self.cfg.w_tail[k] if self.cfg.w_tail is not None else self.M
+        return self.cfg.weights.tail[k] if self.cfg.weights.tail is not None else self.M
 
     def _choose(self, d: int, t: float) -> tuple[float, bool]:
-        """Start one op on device d at time t if any is ready; else return the next time to look."""
+        """Start one op on device d at time t if any is ready; else return the next time to look.
+        The rules of `self.rules` in turn: the first that starts an op, or holds the lane for an
+        arrival, decides; each one that does neither may name a time worth looking again."""
         if d in self.fixed_at:
             return self._choose_fixed(d, t)
         nxt = math.inf
-        # 1. backward (most advanced microbatch first: lowest mb, then latest stage)
+        for rule in self.rules:
+            nxt, started = rule(d, t, nxt)
+            if started is not None:
+                return nxt, started
+        if self.mem_on:
+            nxt = min(nxt, self._next_free_time(d, t))
+        return nxt, False
+
+    # -- the choice rules, in priority order (self.rules): each returns (time, started), started None
+    # when it leaves the choice to the next rule (time: the earliest it knows of to look again) ------
+    def _backward(self, d: int, t: float, nxt: float) -> tuple[float, bool | None]:
+        """A ready backward, most advanced microbatch first (lowest mb, then latest stage): it frees
+        memory and unblocks the stage below."""
         best = None
         for k in self.stages_on[d]:
             r = self._ready_b(k)
@@ -460,11 +480,13 @@ class _Engine:
                     best = (key, k)
             else:
                 nxt = min(nxt, r)
-        b_arrival = nxt  # the earliest known backward arrival
         if best is not None:
             self._start_backward(d, best[1], t)
             return t, True
-        # 2. recompute for a backward that is on its way
+        return nxt, None
+
+    def _recompute(self, d: int, t: float, nxt: float) -> tuple[float, bool | None]:
+        """The recompute of a backward that is on its way, if it fits."""
         for k in self.stages_on[d]:
             r = self._ready_recompute(k)
             if r is None:
@@ -475,15 +497,23 @@ class _Engine:
             if self._fits(d, t, self._recompute_mib(k)):
                 self._start_recompute(d, k, t)
                 return t, True
-        # 3. a weight gradient that has waited long enough (bounds the memory W-deferral holds)
-        if self.cfg.w_lag is not None:
+        return nxt, None
+
+    def _overdue_w(self, d: int, t: float, nxt: float) -> tuple[float, bool | None]:
+        """A W that has waited long enough (WPolicy.lag): bounds the memory W-deferral holds."""
+        lag = self.cfg.weights.lag
+        if lag is not None:
             for k in self.stages_on[d]:
                 r = self._ready_w(k)
-                if r is not None and r <= t + TOL and (self.nb[k] - self.nw[k] >= self.cfg.w_lag[k]
+                if r is not None and r <= t + TOL and (self.nb[k] - self.nw[k] >= lag[k]
                                                        or self.nw[k] < self.M - self._tail(k)):
                     self._start_w(d, k, t)
                     return t, True
-        # 4. forward, within the stage's cap and the device's memory (keeping room for one restore)
+        return nxt, None
+
+    def _forward(self, d: int, t: float, nxt: float) -> tuple[float, bool | None]:
+        """A forward within its stage's cap and pace and the device's memory (keeping room for one
+        restore), unless an urgent arrival should go first (ForwardPolicy.await_*)."""
         for k in self.f_order[d]:
             r = self._ready_f(k)
             if r is None:
@@ -497,12 +527,11 @@ class _Engine:
             s = self.p.stages[k]
             alloc = s.checkpoint_mib if ch.recompute else s.activation_mib
             # The last stage's forward needs no reserve: its own B follows with no restore in between,
-            # so its memory always comes back. (Reserving a restore there deadlocked V placements whose
-            # device 0 holds the LM head and barely fits one of its activations: Llama-3-8B on 8 GPUs
-            # at half 1F1B's memory fell back to one microbatch at a time, 29,766 ms.)
+            # so its memory always comes back (reserving one there can deadlock a device that barely
+            # fits the LM head's activation).
             reserve = 0.0 if k == self.S - 1 else (
                 max(self.pending_restore[d].values(), default=0.0)
-                + (self.later_act[k] if self.cfg.chunk_reserve else 0.0))
+                + (self.later_act[k] if self.cfg.memory.chunk_reserve else 0.0))
             if not self._forward_fits(d, t, s, ch, alloc, reserve, held=k != self.S - 1):
                 continue
             urgent = self._urgent_arrival(d, k, t, t + s.forward_ms)
@@ -510,20 +539,29 @@ class _Engine:
                 return min(nxt, urgent), False
             self._start_forward(d, k, t, self.last_free[d] if self.mem_on else None)
             return t, True
-        # 5. weight gradient to fill the gap
+        return nxt, None
+
+    def _gap_w(self, d: int, t: float, nxt: float) -> tuple[float, bool | None]:
+        """A W to fill the gap (the zero-bubble idea), unless it should yield to an arriving
+        backward (WPolicy.yields)."""
         for k in self.stages_on[d]:
             r = self._ready_w(k)
             if r is None:
                 continue
             if r <= t + TOL:
-                if d in self.yielding and b_arrival < t + self.p.stages[k].backward_weight_ms - TOL:
-                    return b_arrival, False
+                if d in self.yielding:
+                    arrival = self._next_backward_arrival(d, t)
+                    if arrival < t + self.p.stages[k].backward_weight_ms - TOL:
+                        return arrival, False
                 self._start_w(d, k, t)
                 return t, True
             nxt = min(nxt, r)
-        if self.mem_on:
-            nxt = min(nxt, self._next_free_time(d, t))
-        return nxt, False
+        return nxt, None
+
+    def _next_backward_arrival(self, d: int, t: float) -> float:
+        """The earliest known arrival after t of a backward on device d (inf: none known)."""
+        arrivals = (self._ready_b(k) for k in self.stages_on[d])
+        return min((r for r in arrivals if r is not None and r > t + TOL), default=math.inf)
 
     def _choose_fixed(self, d: int, t: float) -> tuple[float, bool]:
         """`_choose` for a device with a fixed order: its next op (after its recompute, if it has one)
@@ -567,8 +605,8 @@ class _Engine:
 
     def _urgent_arrival(self, d: int, k: int, t: float, until: float) -> float | None:
         """When a forward of stage k started at t would still run: the earliest known arrival in (t,
-        until) of an op to wait for instead (EngineConfig.await_first_backward), else None."""
-        cfg = self.cfg
+        until) of an op to wait for instead (ForwardPolicy.await_*), else None."""
+        cfg = self.cfg.forwards
         if not (cfg.await_first_backward or cfg.await_later_forward):
             return None
         arrivals = []
@@ -581,16 +619,18 @@ class _Engine:
 
     def _capped(self, k: int) -> bool:
         """Has stage k as many forwards in flight as its cap allows?"""
-        done = self.nw[k] if self.cfg.cap_until_w and self.split else self.nb[k]
-        return self.cfg.cap is not None and self.nf[k] - done >= self.cfg.cap[k]
+        cap = self.cfg.forwards.cap
+        return cap is not None and self.nf[k] - self.nb[k] >= cap[k]
 
     def _paced(self, d: int, k: int) -> bool:
         """Is stage k, an earlier stage of device d, as far ahead of d's last stage as its pace allows?"""
         last = self.stages_on[d][-1]
-        return self.cfg.pace is not None and k != last and self.nf[k] - self.nf[last] >= self.cfg.pace[d]
+        pace = self.cfg.forwards.pace
+        return pace is not None and k != last and self.nf[k] - self.nf[last] >= pace[d]
 
     def _decide(self, k: int, i: int) -> Choice:
-        how = self.cfg.treat(k, i) if self.cfg.treat else None
+        treat = self.cfg.memory.treat
+        how = treat(k, i) if treat else None
         opts = self.p.options
         return Choice(split=self.split, offload=how == "offload" and opts.offload,
                       recompute=how == "recompute" and opts.recompute)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from ..contract import Plan, Problem
 from ..ops import BACKWARD_KINDS, Kind, Op
 from ..simulator import ScheduleError, Timing, simulate
+from .attempts import engine_variants
 from .classic import gpipe_orders, interleaved_schedule, one_f_one_b_orders
 from .common import (
     TOL,
@@ -29,7 +30,6 @@ from .common import (
     schedule_of,
 )
 from .engine import run_engine
-from .greedy import engine_variants
 from .zero_bubble import (
     zb_fill_1p_schedule,
     zb_fill_2p_schedule,
@@ -188,14 +188,16 @@ def _throttled_uniform(problem: Problem) -> Outcome:
         raise NotApplicable("throttled uniform offload: one stage per device with split backward")
     uniform = {k for k in range(problem.num_stages - 1) if problem.stages[k].offloadable_mib > 0}
     best: Outcome | None = None
-    for name, cfg in engine_variants(problem):
-        if not name.startswith("1f1b,"):
+    for variant in engine_variants(problem):
+        if variant.cap.name != "1f1b":
             continue  # greedy's engine settings with 1F1B's warm-up cap
-        schedule = run_engine(problem, replace(cfg, treat=lambda k, i: "offload" if k in uniform else None))
+        cfg = variant.config(problem)
+        treat = replace(cfg.memory, treat=lambda k, i: "offload" if k in uniform else None)
+        schedule = run_engine(problem, replace(cfg, memory=treat))
         if schedule is not None:
             try:
-                best = better(best, evaluate(problem, schedule, f"pipeoffload(uniform, throttled, {name})",
-                                             prune_transfers=False))
+                label = f"pipeoffload(uniform, throttled, {variant.label})"
+                best = better(best, evaluate(problem, schedule, label, prune_transfers=False))
             except (DoesNotFit, ScheduleError):
                 continue
     if best is None:

@@ -30,7 +30,7 @@ from ..memory import order_peak
 from ..ops import Kind, Op
 from ..simulator import Schedule
 from .common import NotApplicable, is_v_placement, require_one_chunk, require_split, schedule_of
-from .engine import EngineConfig, run_engine
+from .engine import EngineConfig, ForwardPolicy, WPolicy, run_engine
 
 Orders = list[list[Op]]
 
@@ -180,8 +180,9 @@ def zb_fill_1p_schedule(problem: Problem) -> Schedule:
     require_split(problem, "zb-fill")
     require_one_chunk(problem, "zb-fill")
     s = problem.num_stages
-    return _run(unit_twin(problem), EngineConfig(split=True, cap=[s - k for k in range(s)],
-                                                 w_lag=[10**9] * s, w_tail=[s] * s))
+    cfg = EngineConfig(split=True, forwards=ForwardPolicy(cap=[s - k for k in range(s)]),
+                       weights=WPolicy(lag=[10**9] * s, tail=[s] * s))
+    return _run(unit_twin(problem), cfg)
 
 
 @cached
@@ -190,8 +191,9 @@ def zb_fill_2p_schedule(problem: Problem) -> Schedule:
     require_split(problem, "zb-fill")
     require_one_chunk(problem, "zb-fill")
     s = problem.num_stages
-    return _run(unit_twin(problem), EngineConfig(split=True, cap=zb_h2_warmup(problem),
-                                                 w_lag=[10**9] * s, w_tail=[2 * s] * s))
+    cfg = EngineConfig(split=True, forwards=ForwardPolicy(cap=zb_h2_warmup(problem)),
+                       weights=WPolicy(lag=[10**9] * s, tail=[2 * s] * s))
+    return _run(unit_twin(problem), cfg)
 
 
 def one_f_one_b_memory(problem: Problem) -> list[float]:

@@ -8,10 +8,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..bounds import ALL, lower_bound
 from ..contract import Plan, Problem
 from ..transfers import prune_plan, transfer_cost
 from ..validator import validate_plan
-from .memory_bound import combined_lower_bound
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +38,11 @@ class Incumbent:
 
     @property
     def floor_ms(self) -> float:
-        """Every bound the solvers may assume (memory_bound.combined_lower_bound): given by solve(),
-        which has computed both parts, or computed on first use. Once per solve: its integer programs
-        and LPs take up to ~0.1 s at P=16, and every LNS step reads it."""
+        """Every bound the solvers may assume (every planner.bounds argument): given by solve(), which
+        has computed both parts, or computed on first use. Once per solve: its integer programs and
+        LPs take up to ~0.1 s at P=16, and every LNS step reads it."""
         if self._floor_ms is None:
-            self._floor_ms = combined_lower_bound(self.problem)
+            self._floor_ms = lower_bound(self.problem, ALL)
         return self._floor_ms
 
     @property

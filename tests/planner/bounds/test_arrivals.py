@@ -1,5 +1,6 @@
-"""planner.bounds.arrival_bound: a device's idle before its first backward, forced by how fast forwards
-reach it, is part of every makespan; proven against CP-SAT optima found without it."""
+"""The arrival argument (planner/bounds/arrivals.py): a device's idle before its first backward,
+forced by how fast forwards reach it, is part of every makespan; proven against CP-SAT optima found
+without it."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import random
 
 import pytest
 from core_schedules import problem_doc, uneven_forwards
-from oracles import blind_optimum
-from pipeplan.planner.bounds import arrival_bound, forward_arrivals, free_lower_bound, lower_bound
+from pipeplan.planner.bounds import lower_bound
+from pipeplan.planner.bounds.arrivals import arrival_bound, forward_arrivals
+from pipeplan.planner.bounds.memory_free import memory_free_bound
 from pipeplan.planner.contract import Problem
+from support.oracles import blind_optimum
 
 
 def slow_head(m: int) -> Problem:
@@ -34,7 +37,7 @@ def test_hand_values_are_the_optima(m, optimum):
     """Device 1: start 3 + work 6m + 1 idle; the memory-free bound misses the idle. CP-SAT blind to
     the bound proves the same optimum."""
     problem = slow_head(m)
-    assert free_lower_bound(problem) == pytest.approx(optimum - 1.0)
+    assert memory_free_bound(problem) == pytest.approx(optimum - 1.0)
     assert arrival_bound(problem) == pytest.approx(optimum)
     assert lower_bound(problem) == pytest.approx(optimum)
     result = blind_optimum(problem, seconds=10.0)
@@ -49,7 +52,7 @@ def test_never_above_a_blind_optimum(seed):
     rng = random.Random(seed)
     for _ in range(200):
         problem = uneven_forwards(rng)
-        if arrival_bound(problem) > free_lower_bound(problem) + 1e-9:
+        if arrival_bound(problem) > memory_free_bound(problem) + 1e-9:
             break
     else:
         pytest.fail("no problem where the bound says something")

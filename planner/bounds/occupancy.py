@@ -1,8 +1,8 @@
-"""A memory-occupancy lower bound (Little's law): memory x time is a budget like compute time.
+"""The memory-occupancy argument (Little's law): memory x time is a budget like compute time.
 
 Every (stage, microbatch) on a device occupies memory for at least a known time: its activation
 from the forward's start until its backward ends — at least F + L + B, where L is the round trip
-through the later stages (`bounds.round_trip`) — then its weight-gradient part
+through the later stages (`round_trip`) — then its weight-gradient part
 until W ends. Offloading shrinks the held part to the copies around the forward and the backward
 (F + offload and reload + B, never less than the round trip allows); recomputing holds only the
 checkpoint until the recompute, then everything from the recompute through B. Over a makespan T the
@@ -14,8 +14,8 @@ with each pair's treatment free. Recompute costs compute time and offload costs 
 the treatments are chosen by a small linear program per device (fractions of each stage's
 microbatches offloaded or recomputed; a fractional choice only lowers the bound, so it stays a
 proof): minimise T subject to the memory budget above, the device's compute (head + work + added
-recompute) and both copy lanes. This is what binds on copy-bound devices and near the least memory,
-where the forward-count arguments of memory_bound.py see plenty of room.
+recompute) and both copy lanes. It binds on copy-bound devices and near the least memory, where the
+forward-count arguments see plenty of room.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from ortools.linear_solver import pywraplp
 
-from ..bounds import backward_ms, forward_head, round_trip
 from ..contract import Problem
+from .pipeline import backward_ms, forward_head, round_trip
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def _footprints(problem: Problem, k: int) -> _Footprints:
     return _Footprints(keep, offload, recompute, off_ms, rel_ms, rec_ms)
 
 
-def occupancy_lower_bound(problem: Problem) -> float:
+def occupancy_bound(problem: Problem) -> float:
     """Max over devices with a memory limit of the LP bound above (0.0 when none applies)."""
     return max((_device_bound(problem, d) for d in problem.limited_devices()), default=0.0)
 

@@ -6,10 +6,15 @@ import pytest
 from core_schedules import gpipe, make_problem, one_f_one_b, plan_of, problem_doc, serialized
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oracles import blind_optimum
 from pipeplan.planner.bounds import MemoryInfeasibleError, check_memory_feasible, lower_bound, min_memory
+from pipeplan.planner.bounds.forward_count import forward_count_bound
+from pipeplan.planner.bounds.memory_free import memory_free_bound
+from pipeplan.planner.bounds.occupancy import occupancy_bound
+from pipeplan.planner.bounds.one_at_a_time import one_at_a_time_bound
+from pipeplan.planner.bounds.warmup import warmup_bound
 from pipeplan.planner.contract import Problem
 from pipeplan.planner.validator import validate_plan
+from support.oracles import blind_optimum
 
 durations = st.floats(min_value=0.1, max_value=5.0, allow_nan=False).map(lambda x: round(x, 3))
 sizes = st.floats(min_value=1.0, max_value=1000.0).map(lambda x: round(x, 1))
@@ -169,12 +174,10 @@ def test_infeasible_report_is_json_with_unlimited_devices():
 def test_warmup_bound_hand_value():
     """P=2, M=4, unit costs, room for one activation, 3-ms copies: device 0 runs F(0,0), then nothing
     fits until its copy ends at 4 > the first backward's earliest start (3), so 2 ms are idle."""
-    from pipeplan.planner.bounds import free_lower_bound, warmup_bound
-
     problem = make_problem(p=2, m=4, limit=100.0, offload=True, offload_ms=3.0, offloadable_mib=100.0)
-    assert free_lower_bound(problem) == pytest.approx(13.0)  # device 1: F(0,0), then its 12 ms
+    assert memory_free_bound(problem) == pytest.approx(13.0)  # device 1: F(0,0), then its 12 ms
     assert warmup_bound(problem) == pytest.approx(14.0)  # device 0: 12 ms of work + 2 idle
-    assert lower_bound(problem) >= 14.0  # exclusive_bound says 16: one activation at a time
+    assert lower_bound(problem) >= 14.0  # one_at_a_time_bound says 16: one activation at a time
     # a recompute as slow as the forward gains nothing; one twice as fast halves the idle
     rec = make_problem(p=2, m=4, limit=100.0, recompute=True, checkpoint_mib=0.0)
     assert warmup_bound(rec) == pytest.approx(14.0)
@@ -182,7 +185,7 @@ def test_warmup_bound_hand_value():
     assert warmup_bound(fast) == pytest.approx(13.0)
     # no limit, or room for every forward before the first backward: no warm-up bound
     assert warmup_bound(make_problem(p=2, m=4)) == 0.0
-    assert warmup_bound(make_problem(p=2, m=4, limit=400.0)) <= free_lower_bound(problem)
+    assert warmup_bound(make_problem(p=2, m=4, limit=400.0)) <= memory_free_bound(problem)
 
 
 WARMUP_CASES = [
@@ -198,40 +201,37 @@ WARMUP_CASES = [
 
 @pytest.mark.parametrize("kw", WARMUP_CASES)
 def test_warmup_bound_is_below_the_proven_optimum(kw):
-    """CP-SAT blind to every memory-aware bound (it knows only free_lower_bound) proves an optimum;
+    """CP-SAT blind to every memory-aware bound (it knows only memory_free_bound) proves an optimum;
     warmup_bound is never above it, and is above the memory-free bound on these cases."""
-    from pipeplan.planner.bounds import free_lower_bound, warmup_bound
-
     problem = make_problem(**kw)
     result = blind_optimum(problem, 10.0)
     assert result.status == "optimal"
-    assert warmup_bound(problem) > free_lower_bound(problem) + 1e-9
+    assert warmup_bound(problem) > memory_free_bound(problem) + 1e-9
     assert warmup_bound(problem) <= result.plan.makespan_ms + 1e-9
 
 
-def test_exclusive_bound_hand_value():
+def test_one_at_a_time_hand_value():
     """P=2, M=4, unit costs, 150 MiB for activations of 100 and weight gradients of 80: device 0 holds
     one at a time. Kept, a microbatch holds it 5 ms (F, the 2-ms round trip, B, W) with 2 idle;
     recomputed, 3 ms (R, B, W) with its forward outside. 4/3 kept and 8/3 recomputed: 14 2/3."""
-    from pipeplan.planner.bounds import exclusive_bound, free_lower_bound
-
     problem = make_problem(p=2, m=4, limit=150.0, recompute=True, checkpoint_mib=0.0, weight_grad_mib=80.0)
-    assert exclusive_bound(problem) == pytest.approx(14.0 + 2.0 / 3.0)
-    assert lower_bound(problem) == pytest.approx(exclusive_bound(problem))
-    assert free_lower_bound(problem) == pytest.approx(13.0)
+    assert one_at_a_time_bound(problem) == pytest.approx(14.0 + 2.0 / 3.0)
+    assert lower_bound(problem) == pytest.approx(one_at_a_time_bound(problem))
+    assert memory_free_bound(problem) == pytest.approx(13.0)
     # the same device in the middle of P=3 (round trip 2): the last stretch's B(0) and W(0) follow it,
     # less its own W: + 1 ms, beside the forward head of 1 ms
     doc = problem_doc(p=3, m=4, recompute=True, checkpoint_mib=0.0, weight_grad_mib=80.0)
     doc["devices"][1]["memory_limit_mib"] = 150.0
     middle = Problem.model_validate(doc)
-    assert exclusive_bound(middle) == pytest.approx(1.0 + 14.0 + 2.0 / 3.0 + 1.0)
-    assert blind_optimum(middle, 20.0).plan.makespan_ms >= exclusive_bound(middle) - 1e-9
+    assert one_at_a_time_bound(middle) == pytest.approx(1.0 + 14.0 + 2.0 / 3.0 + 1.0)
+    assert blind_optimum(middle, 20.0).plan.makespan_ms >= one_at_a_time_bound(middle) - 1e-9
     # room for two activations, or no limit: nothing to say
-    assert exclusive_bound(make_problem(p=2, m=4, limit=200.0, recompute=True, weight_grad_mib=80.0)) == 0.0
-    assert exclusive_bound(make_problem(p=2, m=4, recompute=True)) == 0.0
+    roomy = make_problem(p=2, m=4, limit=200.0, recompute=True, weight_grad_mib=80.0)
+    assert one_at_a_time_bound(roomy) == 0.0
+    assert one_at_a_time_bound(make_problem(p=2, m=4, recompute=True)) == 0.0
 
 
-EXCLUSIVE_CASES = [
+ONE_AT_A_TIME_CASES = [
     {"p": 2, "m": 4, "limit": 150.0, "recompute": True, "checkpoint_mib": 0.0, "weight_grad_mib": 80.0},
     {"p": 3, "m": 4, "limit": 150.0, "recompute": True, "offload": True, "offload_ms": 2.0,
      "offloadable_mib": 100.0, "checkpoint_mib": 1.0, "weight_grad_mib": 80.0},
@@ -242,19 +242,15 @@ EXCLUSIVE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("kw", EXCLUSIVE_CASES)
-def test_exclusive_bound_is_below_the_proven_optimum(kw):
+@pytest.mark.parametrize("kw", ONE_AT_A_TIME_CASES)
+def test_one_at_a_time_is_below_the_proven_optimum(kw):
     """As for warmup_bound: CP-SAT blind to the memory-aware bounds proves an optimum, and
-    exclusive_bound, above the forward-count and occupancy bounds on these cases (the solver's
+    one_at_a_time_bound, above the forward-count and occupancy bounds on these cases (the solver's
     pairwise exclusion bound, a different argument, is higher on two of them), is never above it."""
-    from pipeplan.planner.bounds import exclusive_bound, free_lower_bound, warmup_bound
-    from pipeplan.planner.solver.memory_bound import count_lower_bound
-    from pipeplan.planner.solver.occupancy_bound import occupancy_lower_bound
-
     problem = make_problem(**kw)
     result = blind_optimum(problem, 20.0)
     assert result.status == "optimal"
-    others = max(free_lower_bound(problem), warmup_bound(problem), count_lower_bound(problem),
-                 occupancy_lower_bound(problem))
-    assert exclusive_bound(problem) > others + 1e-9
-    assert exclusive_bound(problem) <= result.plan.makespan_ms + 1e-9
+    others = max(memory_free_bound(problem), warmup_bound(problem), forward_count_bound(problem),
+                 occupancy_bound(problem))
+    assert one_at_a_time_bound(problem) > others + 1e-9
+    assert one_at_a_time_bound(problem) <= result.plan.makespan_ms + 1e-9

@@ -1,4 +1,4 @@
-"""A lower bound from residency that cannot coexist on a device (pairwise exclusion).
+"""The pairwise-exclusion argument: residency that cannot coexist on a device.
 
 On a device with free memory `cap` (limit - static), two things whose held amounts sum above `cap`
 can never be live at one instant, whatever else is resident. Per (stage k, microbatch i) on the
@@ -23,11 +23,9 @@ release r (earliest start), a length p and a tail q (least time from its end to 
 so they form a one-machine problem 1|r,q|Cmax, and the makespan is at least its optimum, hence at
 least its preemptive relaxation (Jackson's schedule, exact for the relaxation). The tails come from
 the backward chain: after B(k,i) the backwards of stages k-1..0 and W(0,i) must follow; AW's tail is
-that chain minus W (its B ends W before the window's end at the latest).
-
-Llama-3-8B V on 8 GPUs at 50% (device 0 holds the embedding and the LM head, 5,640 MiB free): two
-head AW windows (3,156 MiB each) cannot overlap, nor a head AW and an embedding B (2,624 MiB); at
-M=2 this gives 1,012.8 ms, the proven optimum, where the other bounds give 912.1.
+that chain minus W (its B ends W before the window's end at the latest). It binds where a heavy
+last stage shares a device with the first (V placement): two head windows cannot overlap, nor a
+head window and an embedding backward.
 """
 
 from __future__ import annotations
@@ -36,8 +34,8 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
-from ..bounds import backward_chain, backward_ms, first_backward_start, forward_head, round_trip
 from ..contract import Problem
+from .pipeline import backward_chain, backward_ms, first_backward_start, forward_head, round_trip
 
 MAX_CLASSES = 10  # window classes per device enumerated as subsets (2 per stage)
 
@@ -159,6 +157,6 @@ def _device_bound(problem: Problem, d: int) -> float:
     return best
 
 
-def exclusion_lower_bound(problem: Problem) -> float:
+def pairwise_exclusion_bound(problem: Problem) -> float:
     """Max over devices with a memory limit of the bound above (0.0 when none applies)."""
     return max((_device_bound(problem, d) for d in problem.limited_devices()), default=0.0)

@@ -20,20 +20,17 @@ ended by t* have freed anything (c_k <= q_k of them: sum act (h + q) + checkpoin
 <= free, their copies within t* - the first forward's end). A small integer program minimises the
 right-hand side over U and the counts; its proven bound is used, so a time-out only weakens it.
 
-Where the LM head shares device 0 with the embedding stage (Gemma-2-9B-like V on 8 GPUs at 70% of
-1F1B's memory: 4,704 MiB free, the head's activation 4,056), no embedding activation can stay beside
-the head's at its first backward: only embedding forwards whose offloads have ended count. Starting
-it once the 8th copy ends (229.7 ms, 7.9 after its earliest start, for a 9.6-ms forward) is best, and
-device 0 idles or recomputes 134 ms before it (2,851 -> 2,883 ms). The single-stage case is
-planner.bounds.warmup_waste, with the copies' timing in more detail.
+It binds where the LM head shares device 0 with the embedding stage: no embedding activation can
+stay beside the head's at its first backward, so only embedding forwards whose offloads have ended
+count. The single-stage case is warmup.warmup_waste, with the copies' timing in more detail.
 """
 
 from __future__ import annotations
 
 from ortools.linear_solver import pywraplp
 
-from ..bounds import first_backward_start, forward_head
 from ..contract import Problem
+from .pipeline import first_backward_start, forward_head
 
 # the program has three integer variables per stage and solves in milliseconds; a limit keeps a
 # pathological case from stalling the bound (its proven bound stays valid, only weaker)
