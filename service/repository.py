@@ -13,8 +13,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.trace import Trace
 from pipeplan.planner.validator import InvalidPlanError, validate_plan
-from sqlalchemy import Engine, and_, func, insert, or_, select, text, update
+from pydantic import ValidationError
+from sqlalchemy import Engine, and_, case, func, insert, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -282,25 +284,29 @@ class Repository:
         return {state: n for state, n in rows}
 
     def improvements_total(self) -> int:
-        """Revisions beyond the first: every one is a solver improvement."""
+        """Shorter plans stored after the first, over every job (a revision that only adds a proof is none)."""
         with self.engine.connect() as conn:
-            return conn.execute(select(func.count()).where(RevisionRow.revision > 1)).scalar() or 0
+            return conn.execute(select(func.coalesce(func.sum(JobRow.improvements), 0))).scalar() or 0
 
     # -- plan writes ----------------------------------------------------------------------------------
-    def store_first(self, problem: Problem, plan: Plan, budget_s: float,
-                    key: str | None = None) -> tuple[int, bool, JobInfo]:
-        """Store revision 1 and its refine job, unless the key exists. Returns (best revision, created, job).
+    def store_first(self, problem: Problem, plan: Plan, budget_s: float, key: str | None = None,
+                    owner: str | None = None) -> tuple[int, bool, JobInfo]:
+        """Store revision 1 and its refine job (queued for `owner`), unless the key exists. Returns
+        (best revision, created, job).
 
         Concurrent callers with one new problem: exactly one INSERT wins; the others see created=False.
         """
         key = key or problem.key()
         _check_valid(problem, plan, key)
+        problem_doc = problem.model_dump(mode="json")
+        if read_back(Problem, problem_doc, "the problem").key() != key:  # e.g. a NaN stored as null
+            raise UnreadableDocument("the problem would read back as another problem (another key)")
         plan_json = plan.model_copy(update={"revision": 1, "problem_key": key}).model_dump_json()
         now = utcnow()
         run_id = new_run_id(key)
         with self.engine.begin() as conn:
             res = conn.execute(self._insert_ignore(ProblemRow).values(
-                key=key, problem=problem.model_dump(mode="json"), **problem_summary(problem),
+                key=key, problem=problem_doc, **problem_summary(problem),
                 best_revision=1, best_makespan_ms=plan.makespan_ms, lower_bound_ms=plan.lower_bound_ms,
                 bubble_ratio=plan.bubble_ratio, best_status=plan.status, best_method=plan.method,
                 first_makespan_ms=plan.makespan_ms, created_at=now, updated_at=now,
@@ -500,6 +506,7 @@ class TraceStore:
     def add(self, key: str, revision: int, digest: str, trace_json: str, *, iteration: int, device_kind: str,
             predicted_ms: float, measured_ms: float, calibrated_key: str | None) -> tuple[TraceInfo, bool]:
         """Store a trace unless this key already has one with `digest`. Returns (row, created)."""
+        read_back(Trace, trace_json, "the trace")
         with self.repo.engine.begin() as conn:
             res = conn.execute(self.repo._insert_ignore(TraceRow).values(
                 problem_key=key, revision=revision, digest=digest, trace=trace_json, iteration=iteration,
@@ -547,6 +554,19 @@ class TraceStore:
             return {r[2]: (r[0], _trace_info(r[1:])) for r in conn.execute(q).all()}
 
 
+class UnreadableDocument(ValueError):
+    """A document that would not parse back once stored; nothing was written."""
+
+
+def read_back(model: type, doc: str | dict, what: str) -> Any:
+    """`doc` parsed as `model`, as every later read will parse it. Stores call it before writing, so
+    a stored document that cannot be read back (and then answers 500 for good) cannot exist."""
+    try:
+        return model.model_validate_json(doc) if isinstance(doc, str) else model.model_validate(doc)
+    except ValidationError as exc:
+        raise UnreadableDocument(f"{what} would not read back: {str(exc).splitlines()[0]}") from None
+
+
 def _check_valid(problem: Problem, plan: Plan, key: str) -> None:
     violations = validate_plan(problem, plan.model_copy(update={"problem_key": key}), key)
     if violations:
@@ -558,5 +578,6 @@ def stale_cutoffs(stale_after_s: float, queued_grace_s: float = 3.0) -> tuple[da
     return now - timedelta(seconds=stale_after_s), now - timedelta(seconds=queued_grace_s)
 
 
-__all__ = ["Repository", "BestPlan", "JobInfo", "TraceInfo", "TraceStore", "problem_summary", "stale_cutoffs"]
+__all__ = ["Repository", "BestPlan", "JobInfo", "TraceInfo", "TraceStore", "UnreadableDocument", "problem_summary",
+           "read_back", "stale_cutoffs"]
 
