@@ -97,6 +97,45 @@ def _number_bounds(schema: dict[str, Any]) -> None:
                         branch.update(bound)
 
 
+SECURITY_SCHEMES = {
+    "bearerAuth": {"type": "http", "scheme": "bearer", "description": "`Authorization: Bearer <key>`, one of the"
+                   " server's PIPEPLAN_API_KEYS."},
+    "apiKeyHeader": {"type": "apiKey", "in": "header", "name": "X-API-Key", "description": "The same key in"
+                     " `X-API-Key`."},
+}
+
+
+def _gate_of(dependant: Any) -> str | None:
+    """"write" or "read" when the operation checks keys (service.security), else None."""
+    from .security import require_read, require_write
+
+    calls, stack = set(), [dependant]
+    while stack:
+        d = stack.pop()
+        calls.add(d.call)
+        stack.extend(d.dependencies)
+    return "write" if require_write in calls else "read" if require_read in calls else None
+
+
+def _security(app: FastAPI, schema: dict[str, Any]) -> None:
+    """securitySchemes, and each gated operation's requirement as this server is configured: either
+    scheme, or also none (`{}`) where no key is needed (no keys set; reads unless read_requires_key)."""
+    from fastapi.routing import APIRoute, iter_route_contexts
+
+    schema.setdefault("components", {})["securitySchemes"] = SECURITY_SCHEMES
+    settings = app.state.pipeplan.settings
+    for route in iter_route_contexts(app.routes):  # included routers' routes too
+        gate = _gate_of(route.dependant) if isinstance(route.original_route, APIRoute) else None
+        if gate is None:
+            continue
+        needed = bool(settings.api_keys) and (gate == "write" or settings.read_requires_key)
+        ops = schema.get("paths", {}).get(route.path_format, {})
+        for method in route.methods:
+            if method.lower() in ops:
+                ops[method.lower()]["security"] = [{name: []} for name in SECURITY_SCHEMES] + (
+                    [] if needed else [{}])
+
+
 def allowed_methods(app: FastAPI, scope: dict[str, Any]) -> str:
     """The Allow header of a 405: every method the OpenAPI document gives this path."""
     path = scope.get("path", "")
@@ -130,6 +169,7 @@ def build_schema(app: FastAPI) -> dict[str, Any]:
     _spec_schema(schema)
     _exactly_one(schema)
     _number_bounds(schema)
+    _security(app, schema)
     return schema
 
 
