@@ -98,6 +98,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse(exc.body(), exc.status_code,
                             headers=exc.headers)
 
+    @app.exception_handler(api.NothingToStream)
+    async def _nothing_to_stream(request: Request, exc: api.NothingToStream):
+        return Response(status_code=204)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         code = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",

@@ -97,11 +97,18 @@ class JobInfo:
     gap_pct: float | None = None
     searched_s: float | None = None
     run_improvements: int | None = None
+    bound_ms: float | None = None
+    owner: str | None = None
 
     @property
     def outcome_text(self) -> str | None:
         """The run's end in words (service.outcomes.describe); None while running or after a failure."""
         return describe(self.outcome, self.gap_pct, self.searched_s, self.run_improvements)
+
+    @property
+    def outcome_words(self) -> str | None:
+        """The same without the gap, for a page that shows the gap beside it."""
+        return describe(self.outcome, self.gap_pct, self.searched_s, self.run_improvements, gap=False)
 
     @classmethod
     def of(cls, row: Any) -> JobInfo:
@@ -217,6 +224,10 @@ class Repository:
             row = conn.execute(select(*JobRow.__table__.c).where(JobRow.key == key)).first()
         return None if row is None else JobInfo.of(row)
 
+    # The best proven bound of a key: its best plan's, or the tighter one a run proved without finding a
+    # shorter plan (jobs.bound_ms). One bound, so the listing's gap is the one gap the key has.
+    BOUND = case((JobRow.bound_ms > ProblemRow.lower_bound_ms, JobRow.bound_ms), else_=ProblemRow.lower_bound_ms)
+
     SORTS = {
         "updated_at": ProblemRow.updated_at,
         "created_at": ProblemRow.created_at,
@@ -225,7 +236,7 @@ class Repository:
         "num_microbatches": ProblemRow.num_microbatches,
         "revision": ProblemRow.best_revision,
         "bubble_ratio": ProblemRow.bubble_ratio,
-        "gap": (ProblemRow.best_makespan_ms - ProblemRow.lower_bound_ms) / ProblemRow.best_makespan_ms,
+        "gap": (ProblemRow.best_makespan_ms - BOUND) / ProblemRow.best_makespan_ms,
         "speedup": ProblemRow.first_makespan_ms / ProblemRow.best_makespan_ms,
     }
 
@@ -240,7 +251,7 @@ class Repository:
             conds.append(JobRow.state == job_state)
         order = self.SORTS.get(sort, ProblemRow.updated_at)
         base = select(ProblemRow, JobRow.state, JobRow.outcome, JobRow.gap_pct, JobRow.searched_s,
-                      JobRow.run_improvements).outerjoin(JobRow, JobRow.key == ProblemRow.key)
+                      JobRow.run_improvements, self.BOUND).outerjoin(JobRow, JobRow.key == ProblemRow.key)
         if conds:
             base = base.where(*conds)
         page = base.order_by(order.desc() if descending else order.asc(), ProblemRow.key).offset(offset).limit(limit)
@@ -251,7 +262,8 @@ class Repository:
             rows = session.execute(page).all()
             total = session.execute(count).scalar() or 0
         items = []
-        for p, state, outcome, gap_pct, searched_s, run_improvements in rows:
+        for p, state, outcome, gap_pct, searched_s, run_improvements, bound in rows:
+            bound = min(bound, p.best_makespan_ms)
             items.append({
                 "problem_key": p.key,
                 "model": p.model,
@@ -262,9 +274,8 @@ class Repository:
                 "memory_limit_mib": p.memory_limit_mib,
                 "revision": p.best_revision,
                 "makespan_ms": p.best_makespan_ms,
-                "lower_bound_ms": p.lower_bound_ms,
-                "gap": max(0.0, (p.best_makespan_ms - p.lower_bound_ms) / p.best_makespan_ms)
-                if p.best_makespan_ms > 0 else 0.0,
+                "lower_bound_ms": bound,
+                "gap": (p.best_makespan_ms - bound) / p.best_makespan_ms if p.best_makespan_ms > 0 else 0.0,
                 "bubble_ratio": p.bubble_ratio,
                 "status": p.best_status,
                 "method": p.best_method,
@@ -273,6 +284,7 @@ class Repository:
                 "job_state": state,
                 "job_outcome": outcome,
                 "job_outcome_text": describe(outcome, gap_pct, searched_s, run_improvements),
+                "job_outcome_words": describe(outcome, gap_pct, searched_s, run_improvements, gap=False),
                 "created_at": _iso(p.created_at),
                 "updated_at": _iso(p.updated_at),
             })
@@ -324,7 +336,7 @@ class Repository:
                              run_improvements=0) if proven else dict(state=QUEUED)
                 conn.execute(self._insert_ignore(JobRow).values(
                     key=key, run_id=run_id, budget_s=budget_s, used_s=0.0, attempts=0, runs=1,
-                    cancel_requested=False, improvements=0, queued_at=now, **ended,
+                    cancel_requested=False, improvements=0, queued_at=now, owner=owner, **ended,
                 ))
             revision = conn.execute(select(ProblemRow.best_revision).where(ProblemRow.key == key)).scalar()
             job = conn.execute(select(*JobRow.__table__.c).where(JobRow.key == key)).first()
@@ -334,26 +346,30 @@ class Repository:
         """Store `plan` as the next revision iff it validates and beats the stored best; atomic.
 
         Better = shorter makespan, or the same makespan newly proven optimal. Returns the new revision,
-        or None when the stored plan is at least as good (another writer may have just won).
+        or None when the stored plan is at least as good (another writer may have just won). Only a
+        shorter makespan counts as one of the job's improvements: a proof changes no schedule.
         """
         problem = problem or self.get_problem(key)
         if problem is None:
             raise KeyError(key)
         _check_valid(problem, plan, key)
         m = plan.makespan_ms
-        optimal = plan.status == "optimal"
-        better = ProblemRow.best_makespan_ms > m + EPS_MS
-        if optimal:
-            better = or_(better, and_(ProblemRow.best_status != "optimal", ProblemRow.best_makespan_ms >= m - EPS_MS))
         now = utcnow()
+        proven = and_(ProblemRow.best_status != "optimal", ProblemRow.best_makespan_ms >= m - EPS_MS)
         with self.engine.begin() as conn:
-            revision = conn.execute(
-                update(ProblemRow).where(ProblemRow.key == key, better).values(
-                    best_revision=ProblemRow.best_revision + 1, best_makespan_ms=m,
-                    lower_bound_ms=plan.lower_bound_ms, bubble_ratio=plan.bubble_ratio,
-                    best_status=plan.status, best_method=plan.method, updated_at=now,
-                ).returning(ProblemRow.best_revision)
-            ).scalar()
+            def take(better) -> int | None:  # each UPDATE decides atomically; the loser's WHERE no longer holds
+                return conn.execute(
+                    update(ProblemRow).where(ProblemRow.key == key, better).values(
+                        best_revision=ProblemRow.best_revision + 1, best_makespan_ms=m,
+                        lower_bound_ms=plan.lower_bound_ms, bubble_ratio=plan.bubble_ratio,
+                        best_status=plan.status, best_method=plan.method, updated_at=now,
+                    ).returning(ProblemRow.best_revision)
+                ).scalar()
+
+            revision = take(ProblemRow.best_makespan_ms > m + EPS_MS)
+            shorter = revision is not None
+            if revision is None and plan.status == "optimal":
+                revision = take(proven)
             if revision is None:
                 return None
             plan_json = plan.model_copy(update={"revision": revision, "problem_key": key}).model_dump_json()
@@ -362,17 +378,19 @@ class Repository:
                 solver_bound_ms=plan.solver_bound_ms, status=plan.status, method=plan.method,
                 plan=plan_json, created_at=now,
             ))
-            conn.execute(update(JobRow).where(JobRow.key == key).values(improvements=JobRow.improvements + 1))
+            if shorter:
+                conn.execute(update(JobRow).where(JobRow.key == key).values(improvements=JobRow.improvements + 1))
         return revision
 
     # -- job writes -----------------------------------------------------------------------------------
-    def request_refine(self, key: str, budget_s: float) -> tuple[JobInfo | None, bool]:
-        """Queue a new run of the key's job unless one is queued or solving. Returns (job, newly queued)."""
+    def request_refine(self, key: str, budget_s: float, owner: str | None = None) -> tuple[JobInfo | None, bool]:
+        """Queue a new run of the key's job for `owner` unless one is queued or solving. Returns (job,
+        newly queued)."""
         run_id = new_run_id(key)
         with self.engine.begin() as conn:
             res = conn.execute(
                 update(JobRow).where(JobRow.key == key, JobRow.state.not_in(ACTIVE_STATES)).values(
-                    state=QUEUED, run_id=run_id, budget_s=budget_s, used_s=0.0, attempts=0,
+                    state=QUEUED, run_id=run_id, budget_s=budget_s, used_s=0.0, attempts=0, owner=owner,
                     cancel_requested=False, runs=JobRow.runs + 1, queued_at=utcnow(), error=None,
                     started_at=None, finished_at=None, heartbeat_at=None, **NO_OUTCOME,
                 )
@@ -381,10 +399,18 @@ class Repository:
             if not queued and conn.execute(select(ProblemRow.key).where(ProblemRow.key == key)).first():
                 res = conn.execute(self._insert_ignore(JobRow).values(
                     key=key, run_id=run_id, state=QUEUED, budget_s=budget_s, used_s=0.0, attempts=0, runs=1,
-                    cancel_requested=False, improvements=0, queued_at=utcnow(),
+                    cancel_requested=False, improvements=0, queued_at=utcnow(), owner=owner,
                 ).returning(JobRow.key))
                 queued = res.scalar() is not None
         return self.job(key), queued
+
+    def queued_work(self, owner: str) -> tuple[int, float]:
+        """(runs, solve-seconds left) that `owner` has queued or solving: what fair queuing caps."""
+        q = select(func.count(), func.coalesce(func.sum(JobRow.budget_s - JobRow.used_s), 0.0)).where(
+            JobRow.owner == owner, JobRow.state.in_(ACTIVE_STATES))
+        with self.engine.connect() as conn:
+            runs, seconds = conn.execute(q).one()
+        return int(runs), max(0.0, float(seconds))
 
     def request_cancel(self, key: str) -> JobInfo | None:
         """A queued run is cancelled at once; a solving one stops at its next heartbeat."""
@@ -418,15 +444,18 @@ class Repository:
 
     def finish(self, key: str, run_id: str, state: str, error: str | None = None, *,
                outcome: str | None = None, gap_pct: float | None = None, searched_s: float | None = None,
-               run_improvements: int | None = None) -> bool:
+               run_improvements: int | None = None, bound_ms: float | None = None) -> bool:
         """End this run (only if it still owns the row), with how it ended in the same UPDATE, so a
-        reader never sees "done" without its outcome and gap."""
+        reader never sees "done" without its outcome and gap. `bound_ms`, the bound the run proved,
+        is kept when tighter than the job's earlier ones (a bound holds for every later run too)."""
+        bound = JobRow.bound_ms if bound_ms is None else case(
+            (or_(JobRow.bound_ms.is_(None), JobRow.bound_ms < bound_ms), bound_ms), else_=JobRow.bound_ms)
         with self.engine.begin() as conn:
             res = conn.execute(update(JobRow).where(
                 JobRow.key == key, JobRow.run_id == run_id, JobRow.state == SOLVING,
             ).values(state=state, error=error[:4000] if error else None, finished_at=utcnow(),
                      heartbeat_at=utcnow(), outcome=outcome, gap_pct=gap_pct, searched_s=searched_s,
-                     run_improvements=run_improvements))
+                     run_improvements=run_improvements, bound_ms=bound))
             return res.rowcount == 1
 
     def release(self, key: str, run_id: str, used_s: float) -> bool:
