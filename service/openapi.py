@@ -9,11 +9,12 @@ service/static/docs (vendored, see its README) so /docs works offline.
 from __future__ import annotations
 
 import re
+from html import escape
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
@@ -24,6 +25,21 @@ from .errors import ErrorBody, error_responses
 DOCS_STATIC = Path(__file__).resolve().parent / "static" / "docs"
 STATIC_URL = "/static/docs"
 UNGATED = {"/healthz", "/readyz", "/metrics"}
+# ReDoc 3 ships as an ES module (it reads `import.meta` and ends in `export`): loaded by a classic
+# <script>, as FastAPI's get_redoc_html writes it, it fails to parse and the page stays blank. As a
+# module it is imported and started here, with its telemetry (a beacon to redocly.com) turned off.
+REDOC_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="shortcut icon" href="{favicon}">
+<link rel="modulepreload" href="{js}"><style>body {{ margin: 0; padding: 0; }}</style></head>
+<body><noscript>ReDoc needs JavaScript; the OpenAPI document itself is at {openapi}.</noscript>
+<div id="redoc"></div>
+<script type="module">
+import {{ init }} from "{js}";
+init("{openapi}", {{ disableTelemetry: true }}, document.getElementById("redoc"));
+</script>
+</body></html>
+"""
 METRICS_TYPE = CONTENT_TYPE_LATEST  # what /metrics really sends
 
 
@@ -191,8 +207,9 @@ def install(app: FastAPI) -> None:
             swagger_js_url=f"{STATIC_URL}/swagger-ui-bundle.js", swagger_css_url=f"{STATIC_URL}/swagger-ui.css",
             swagger_favicon_url=f"{STATIC_URL}/favicon-32x32.png")
 
+    page = REDOC_PAGE.format(title=escape(f"{app.title} - ReDoc"), favicon=f"{STATIC_URL}/favicon-32x32.png",
+                             openapi=escape(app.openapi_url or "/openapi.json"), js=f"{STATIC_URL}/redoc.standalone.js")
+
     @app.get("/redoc", include_in_schema=False)
     async def redoc() -> HTMLResponse:
-        return get_redoc_html(openapi_url=app.openapi_url or "/openapi.json", title=f"{app.title} - ReDoc",
-                              redoc_js_url=f"{STATIC_URL}/redoc.standalone.js",
-                              redoc_favicon_url=f"{STATIC_URL}/favicon-32x32.png", with_google_fonts=False)
+        return HTMLResponse(page)
