@@ -311,7 +311,7 @@ class Repository:
         key = key or problem.key()
         _check_valid(problem, plan, key)
         problem_doc = problem.model_dump(mode="json")
-        if read_back(Problem, problem_doc, "the problem").key() != key:  # e.g. a NaN stored as null
+        if read_back(Problem, problem_doc, "the problem").key() != problem.key():  # e.g. a NaN stored as null
             raise UnreadableDocument("the problem would read back as another problem (another key)")
         plan_json = plan.model_copy(update={"revision": 1, "problem_key": key}).model_dump_json()
         now = utcnow()

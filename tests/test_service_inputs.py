@@ -112,7 +112,7 @@ def test_a_document_that_would_not_read_back_is_never_stored(any_db_url):  # noq
         repo = Repository(engine)
         problem = make_problem(tag="read-back")
         key = problem.key()
-        poisoned = Problem.model_construct(**{**dict(problem), "metadata": {"x": math.inf}})
+        poisoned = Problem.model_construct(**{**dict(problem), "metadata": {"model": "llama\ud800"}})
         with pytest.raises(UnreadableDocument):
             repo.store_first(poisoned, gpipe_plan(problem), 5.0, key=key)
         repo.store_first(problem, gpipe_plan(problem), 5.0, key=key)
