@@ -352,7 +352,8 @@ class PlanClient:
             headers["Last-Event-ID"] = str(last)
         timeout = httpx.Timeout(self.timeout_s, read=self.sse_read_timeout_s)
         try:
-            with self._http.stream("GET", f"/v1/plans/{key}/events", headers=headers,
+            # follow: a follower wants later refine runs' revisions too, not the `end` of this run
+            with self._http.stream("GET", f"/v1/plans/{key}/events", params={"follow": "true"}, headers=headers,
                                    timeout=timeout) as response:
                 if response.status_code in (404, 405, 406, 501) and "text/event-stream" not in \
                         response.headers.get("content-type", ""):
@@ -382,7 +383,7 @@ class PlanClient:
 
     def _plan_of_event(self, key: str, event: str, data: str) -> Plan | None:
         """An event carries the plan itself or a summary naming its revision (then it is fetched)."""
-        if event in ("ping", "heartbeat") or not data:
+        if event in ("ping", "heartbeat", "end") or not data:
             return None
         try:
             doc = json.loads(data)

@@ -121,8 +121,18 @@ class Settings(BaseSettings):
     max_streams: int = Field(
         1000, ge=1, description="Open SSE streams plus long-polls per process; more get 503 with Retry-After.")
     write_rate_per_min: float = Field(
-        0.0, ge=0, description="Writes per minute per API key (or client address without keys); 0: no limit."
-        " Beyond it: 429 with Retry-After.")
+        0.0, ge=0, description="Writes per minute per verified API key (or client address without keys); 0: no"
+        " limit. Beyond it: 429 with Retry-After.")
+    max_queued_solve_s: float = Field(
+        7200.0, ge=0, description="Solve-seconds (budgets left) one verified API key, or client address without"
+        " keys, may have queued or running; a POST or refine beyond it gets 429 with Retry-After. 0: no cap."
+        " Two hours: two runs at the largest budget, while 20 one-hour POSTs could fill the workers' day.")
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="A connection must send a request's complete headers within this (from connecting,"
+        " or from the request's first byte); else 408 and the connection is closed (slow-header clients).")
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="A request body must arrive within this after its headers (2 MB at ~70 kB/s);"
+        " else 408 and the connection is closed (slow-body clients).")
     gzip_min_bytes: int = Field(
         1024, ge=0, description="Responses at least this large are gzipped for clients that accept it (below,"
         " the header overhead and the CPU are not worth it).")

@@ -134,20 +134,34 @@ class Device(BaseModel):
 MAX_METADATA_DEPTH = 32
 
 
-def _check_metadata(value: Any) -> None:
-    """Metadata is part of the key and stored as JSON: bounded nesting (serializers and databases have
-    depth limits) and no NUL character (PostgreSQL text cannot hold one)."""
+def _text_error(text: str) -> str | None:
+    """Why `text` cannot be stored as text (PostgreSQL holds no NUL; UTF-8 no lone surrogate), or None."""
+    if "\x00" in text:
+        return "must not contain a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone UTF-16 surrogate; text must be valid Unicode"
+    return None
+
+
+def check_metadata(value: Any) -> None:
+    """Free-form metadata is part of a key and stored as JSON: bounded nesting (serializers and
+    databases have depth limits), finite numbers (JSON has no NaN or Infinity: stored, they come back
+    as null) and text every database can hold. Raises ValueError naming the path."""
     stack: list[tuple[Any, str, int]] = [(value, "", 1)]
     while stack:
         item, path, depth = stack.pop()
         if depth > MAX_METADATA_DEPTH:
             raise ValueError(f"nested deeper than {MAX_METADATA_DEPTH} levels")
-        if isinstance(item, str) and "\x00" in item:
-            raise ValueError(f"{path or 'value'}: must not contain a NUL character")
+        if isinstance(item, str) and (why := _text_error(item)):
+            raise ValueError(f"{path or 'value'}: {why}")
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{path or 'value'}: must be a finite number, got {item}")
         if isinstance(item, dict):
             for k, v in item.items():
-                if "\x00" in str(k):
-                    raise ValueError(f"{path or 'key'} {str(k)[:40]!r}: must not contain a NUL character")
+                if why := _text_error(str(k)):
+                    raise ValueError(f"{path or 'key'} {str(k)[:40]!a}: {why}")
                 stack.append((v, f"{path}.{k}" if path else str(k), depth + 1))
         elif isinstance(item, list):
             stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(item))
@@ -175,7 +189,7 @@ class Problem(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _bounded_metadata(cls, value: dict[str, Any]) -> dict[str, Any]:
-        _check_metadata(value)
+        check_metadata(value)
         return value
 
     @model_validator(mode="after")

@@ -215,10 +215,9 @@ def gantt_figure(problem: Problem, plan: Plan, options: RenderOptions = RenderOp
             peak = max(m for _, m in curve)
             over = math.isfinite(limit) and peak > limit + 1e-6
             text = f"peak {peak / scale:.4g}" + (f" / limit {limit / scale:.4g}" if math.isfinite(limit) else "")
-            mem_ax.text(0.999, 0.96, text + f" {unit}", transform=mem_ax.transAxes, ha="right", va="top",
-                        fontsize=6.5, color="#cb181d" if over else "#333333", zorder=5,
-                        bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none",
-                              "alpha": 0.85})
+            # beside the strip, not on it: inside, the box hid the curve where memory peaks (top right)
+            mem_ax.text(1.005, 0.5, text + f" {unit}", transform=mem_ax.transAxes, ha="left", va="center",
+                        fontsize=6.5, color="#cb181d" if over else "#333333")
             mem_ax.grid(axis="x", color="#eeeeee", linewidth=0.6)
             mem_ax.set_axisbelow(True)
             mem_ax.set_ylim(0, ymax)

@@ -8,16 +8,22 @@ marks. Pure (no torch, no I/O): the client writes traces, the service stores the
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .contract import Plan, Problem
+from .contract import Plan, Problem, check_metadata
 
 TRACE_FORMAT = "pipeplan.trace/v1"
 PLAN_KINDS = ("F", "B", "W", "BW", "OFFLOAD", "RELOAD", "RECOMPUTE")
 COMM_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
+
+# Times are clock readings in ms: a monotonic clock counts from boot (3e10 ms after a year up), CUDA
+# events from the first one. Nothing larger is a reading, and differences of larger values lose every
+# digit or overflow to infinity (start -1.7e308, end 1.7e308), so such a trace is refused, not stored.
+MAX_CLOCK_MS = 1e13
+MAX_MEMORY_MIB = 1e9  # as planner.contract.Limits.max_memory_mib
+ClockMs = Field(ge=-MAX_CLOCK_MS, le=MAX_CLOCK_MS, allow_inf_nan=False)
 
 
 class TraceOp(BaseModel):
@@ -33,16 +39,9 @@ class TraceOp(BaseModel):
                   "SEND_F", "RECV_F", "SEND_B", "RECV_B"]
     stage: int = Field(ge=0)
     mb: int = Field(ge=0)
-    start_ms: float
-    end_ms: float
-    memory_mib: float | None = None
-
-    @field_validator("start_ms", "end_ms")
-    @classmethod
-    def _finite(cls, value: float) -> float:
-        if math.isnan(value) or math.isinf(value):
-            raise ValueError(f"must be a finite number, got {value}")
-        return float(value)
+    start_ms: float = ClockMs
+    end_ms: float = ClockMs
+    memory_mib: float | None = Field(None, ge=0, le=MAX_MEMORY_MIB, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _ordered(self) -> TraceOp:
@@ -59,7 +58,7 @@ class DeviceTrace(BaseModel):
 
     device: int = Field(ge=0)
     ops: list[TraceOp]
-    peak_memory_mib: float | None = None
+    peak_memory_mib: float | None = Field(None, ge=0, le=MAX_MEMORY_MIB, allow_inf_nan=False)
     memory_source: Literal["cuda_allocator", "saved_tensors", "none"] = "none"
 
 
@@ -74,9 +73,15 @@ class Trace(BaseModel):
     iteration: int = Field(default=0, ge=0)
     clock: Literal["monotonic", "cuda_events"]
     device_kind: Literal["cpu", "cuda", "emulated"]
-    makespan_ms: float = Field(ge=0)
+    makespan_ms: float = Field(ge=0, le=2 * MAX_CLOCK_MS, allow_inf_nan=False)
     devices: list[DeviceTrace] = Field(min_length=1)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("metadata")
+    @classmethod
+    def _bounded_metadata(cls, value: dict[str, Any]) -> dict[str, Any]:
+        check_metadata(value)
+        return value
 
     @model_validator(mode="after")
     def _devices_distinct(self) -> Trace:

@@ -1,15 +1,22 @@
 """Admission control: how much one API process takes on at once, and what it says beyond that.
 
-Three gates, all sized in the settings object: heavy POSTs (a first plan computed) share a few slots
+Four gates, all sized in the settings object: heavy POSTs (a first plan computed) share a few slots
 and wait at most `admission_wait_s` for one (then 503 with Retry-After); SSE streams and long-polls
 are counted against `max_streams` (503 beyond, instead of letting 13,000 idle streams slow every
-GET); writes may be rate limited per API key, or per client address without keys (429).
+GET); writes may be rate limited per identity (429); and one identity may have at most
+`max_queued_solve_s` of solving queued or running (429), so one client's backlog cannot fill the
+workers' next hours.
+
+An identity is what the server verified: a configured API key (its digest), else the client address.
+A key the server does not know is no identity: without configured keys, a fresh random `X-API-Key`
+per request used to buy a fresh rate-limit quota.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -18,6 +25,7 @@ from fastapi import Request
 from pipeplan.settings import Settings
 
 from .errors import too_many, unavailable
+from .security import verified_key
 
 
 class Admission:
@@ -81,15 +89,26 @@ class Admission:
 
 
 def identity_of(request: Request) -> str:
-    """The API key when one is presented (rate limits follow the key), else the client address."""
-    from .security import _presented_key
-
-    key = _presented_key(request)
-    if key:
-        import hashlib
-
+    """The verified API key (its digest) when keys are configured, else the client address."""
+    key = verified_key(request)
+    if key is not None:
         return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
     return "addr:" + (request.client.host if request.client else "unknown")
+
+
+def check_queue_share(request: Request, budget_s: float) -> str:
+    """429 unless the caller's queued and running solve-seconds plus `budget_s` stay within
+    `max_queued_solve_s`; returns the caller's identity, the new run's owner."""
+    identity = identity_of(request)
+    st = request.app.state.pipeplan
+    cap = st.settings.max_queued_solve_s
+    if cap > 0:
+        runs, queued_s = st.repo.queued_work(identity)
+        if queued_s + budget_s > cap:
+            raise too_many(f"time_budget_s: this client has {runs} run(s) with {queued_s:.0f} s of solving queued or"
+                           f" running; {budget_s:g} s more would pass the limit of {cap:g} s per client. Retry"
+                           " when some has finished, or ask for less", queued_s + budget_s - cap)
+    return identity
 
 
 async def rate_limited(request: Request) -> None:

@@ -22,11 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from . import exports_cache, inline
-from .admission import rate_limited, stream_admitted
+from .admission import check_queue_share, rate_limited, stream_admitted
 from .errors import MAX_OFFSET, MAX_REVISION, ApiError, reject_nul
 from .events import job_message
 from .flight import single_flight
-from .models import CANCELLED, JOB_STATES, QUEUED
+from .models import ACTIVE_STATES, CANCELLED, JOB_STATES, QUEUED
 from .outcomes import OUTCOMES
 from .repository import BestPlan, JobInfo
 from .security import require_read, require_write
@@ -141,8 +141,9 @@ class PlanSummary(BaseModel):
     memory_limit_mib: float | None
     revision: int
     makespan_ms: float
-    lower_bound_ms: float
-    gap: float
+    lower_bound_ms: float = Field(description="The best proven lower bound: the best plan's, or the tighter one a"
+                                  " refine run proved without finding a shorter plan.")
+    gap: float = Field(description="(makespan - lower_bound_ms) / makespan: the key's one gap (a fraction).")
     bubble_ratio: float
     status: str
     method: str
@@ -195,9 +196,12 @@ def refine_budget(st: ServiceState, requested: float | None) -> float:
 
 def enqueue(st: ServiceState, key: str, job: JobInfo) -> None:
     """Put the key's queued run on the queue; when that fails (Redis down) the reconciler enqueues it
-    later from SQL."""
+    later from SQL. A run whose owner has no other run queued or solving goes to the front: one
+    client's backlog never delays another client's next run (fair queuing, with the per-client cap
+    of admission.check_queue_share)."""
     try:
-        st.queue.enqueue(key, job.run_id, job.budget_s)
+        alone = job.owner is not None and st.repo.queued_work(job.owner)[0] <= 1
+        st.queue.enqueue(key, job.run_id, job.budget_s, at_front=alone)
     except Exception as exc:
         log.warning("enqueue of %s failed (%s); the reconciler will retry", key[:12], exc)
 
@@ -205,10 +209,10 @@ def enqueue(st: ServiceState, key: str, job: JobInfo) -> None:
 # -- POST /v1/plans ---------------------------------------------------------------------------------
 # Every size is checked before any expensive step; the first plan is computed in the thread pool
 # only for small problems (bounded by size), else in a killable child process (service.inline).
-def _submit_job(body: PlanRequest, st: ServiceState, budget: float) -> dict[str, Any]:
+def _submit_job(body: PlanRequest, st: ServiceState, budget: float, owner: str) -> dict[str, Any]:
     s = st.settings
     job: dict[str, Any] = {"limits": s.limits.model_dump(), "database_url": s.resolved_database_url,
-                           "budget_s": budget, "greedy_s": s.inline_greedy_s,
+                           "budget_s": budget, "owner": owner, "greedy_s": s.inline_greedy_s,
                            "greedy_max_s": s.inline_greedy_max_s}
     if body.spec is not None:
         job["spec"] = body.spec
@@ -239,12 +243,13 @@ async def submit(body: PlanRequest, request: Request) -> Response:
         best = await st.best(key, fresh=True)
         if best is not None:
             return await run_in_threadpool(_envelope, st, key, best, True)
+    owner = await run_in_threadpool(check_queue_share, request, budget)  # before any work is done
     async with st.admission.heavy_slot():
         if body.problem is not None and inline.ops_of(body.problem) <= s.inline_thread_max_ops:
-            key, created = await run_in_threadpool(_first_in_thread, st, body.problem, key, budget)
+            key, created = await run_in_threadpool(_first_in_thread, st, body.problem, key, budget, owner)
         else:
             try:
-                result = await inline.run_in_child(_submit_job(body, st, budget), s.inline_timeout_s,
+                result = await inline.run_in_child(_submit_job(body, st, budget, owner), s.inline_timeout_s,
                                                    request.is_disconnected, s.retry_after_s)
             except inline.Gone:
                 return Response(status_code=499)  # nobody is listening; the work was stopped
@@ -256,7 +261,8 @@ async def submit(body: PlanRequest, request: Request) -> Response:
     return await run_in_threadpool(_after_first, st, key, created)
 
 
-def _first_in_thread(st: ServiceState, problem: Problem, key: str, budget: float) -> tuple[str, bool]:
+def _first_in_thread(st: ServiceState, problem: Problem, key: str, budget: float,
+                     owner: str) -> tuple[str, bool]:
     """A small problem's revision 1 (milliseconds); callers in this process wait for one computation."""
     with st.lock_for(key):
         if st.repo.best_revision(key) is not None:
@@ -265,7 +271,7 @@ def _first_in_thread(st: ServiceState, problem: Problem, key: str, budget: float
             plan = inline.first_plan(problem, key, st.settings.inline_greedy_s, st.settings.inline_greedy_max_s)
         except MemoryInfeasibleError as exc:
             raise inline.infeasible(exc) from None
-        _, created, _ = st.repo.store_first(problem, plan, budget, key=key)
+        _, created, _ = st.repo.store_first(problem, plan, budget, key=key, owner=owner)
         return key, created
 
 
@@ -370,28 +376,78 @@ async def known_key(key: str, request: Request) -> str:
     return key
 
 
+REVISION_ID = re.compile(r"^[0-9]{1,10}$")  # ASCII digits only (str.isdigit() also takes "²" and "٣")
+
+
+class NothingToStream(Exception):
+    """The key's job is over and the client has every revision: answered 204, which tells an
+    EventSource to stop reconnecting (the HTML standard's way to end a stream for good)."""
+
+
+def resume_after(last_event_id: str = Header(  # "" is no header (a str, not nullable: a header cannot be null)
+                     "", description="Resume after this revision (the id of an earlier `revision` event).",
+                     json_schema_extra={"pattern": "^[0-9]{0,10}$"}),
+                 after: int | None = Query(None, ge=0, le=MAX_REVISION,
+                                           description="Resume after this revision (as Last-Event-ID).")) -> int | None:
+    """Where a stream resumes. A malformed Last-Event-ID is a 422 naming the header, as any invalid
+    parameter, before the stream starts; it used to pass `isdigit()` and cut the stream after its 200."""
+    text = last_event_id.strip(" \t")
+    if not text:
+        return after
+    if not REVISION_ID.fullmatch(text):
+        line = "Last-Event-ID: must be a revision number (at most 10 ASCII digits), as the stream's event ids are"
+        raise ApiError(422, "invalid_request", line, {"detail": [line]})
+    return min(int(text), MAX_REVISION)
+
+
+async def _job(st: ServiceState, key: str) -> tuple[bool, JobInfo | None]:
+    """(whether the key's job is queued or solving, the job); a key without a job has nothing running."""
+    job = await run_in_threadpool(st.repo.job, key)
+    return job is not None and job.state in ACTIVE_STATES, job
+
+
+async def stream_start(key: str, request: Request, after: int | None = Depends(resume_after),
+                       follow: bool = False) -> int | None:
+    """Dependency: the resume point, or 204 when there is nothing left to send (see NothingToStream)."""
+    st = state_of(request)
+    if after is not None and not follow:
+        best = await st.best(key)
+        if best is not None and after >= best.revision and not (await _job(st, key))[0]:
+            raise NothingToStream()
+    return after
+
+
 @router.get("/plans/{key}/events", response_class=EventSourceResponse,
-            summary="Server-sent events: one `revision` event per new revision (id = revision)",
+            summary="Server-sent events: one `revision` event per new revision (id = revision), `end` when the job is over",
             description="Resume with `Last-Event-ID: N` (or `?after=N`): revisions after N are replayed"
             " first. Without either, the stream starts with the current best revision. Event data is the"
-            " plan v1 document (`?summary=true`: key, revision, makespan only). `job` events (no id) report"
-            " refine job state changes: `{\"state\"}`, and when a run ends also `outcome`, `gap_pct`,"
-            " `searched_s`, `run_improvements` and `outcome_text` (see the job object).",
+            " plan v1 document; brief mode (`?summary=true`) sends key, revision, makespan, bound, status and"
+            " method with `plan`, the URL of that revision's plan, instead. `job` events (no id) report refine"
+            " job state changes: `{\"state\"}`, and when a run ends also `outcome`, `gap_pct`, `searched_s`,"
+            " `run_improvements` and `outcome_text` (see the job object). Once the job is over and every revision"
+            " is sent, an `end` event (the job's state and outcome, the best revision and its URL) closes the"
+            " stream; a resume that has every revision of a finished job gets 204 (an EventSource stops"
+            " reconnecting). `?follow=true` keeps the stream open for later refine runs instead.",
+            responses={204: {"description": "The job is over and the client has every revision"}},
             dependencies=[Depends(require_read), Depends(known_key), Depends(stream_admitted)])
-async def events(key: str, request: Request, after: int | None = Query(None, ge=0, le=MAX_REVISION),
-                 summary: bool = False, last_event_id: str | None = Header(None)):
+async def events(key: str, request: Request, summary: bool = False, follow: bool = False,
+                 start_after: int | None = Depends(stream_start)):
     st = state_of(request)
-    start_after = after
-    if last_event_id and last_event_id.strip().isdigit():
-        start_after = min(int(last_event_id.strip()), MAX_REVISION)
 
     def full(revision: int, plan_json: str) -> ServerSentEvent:
         return ServerSentEvent(raw_data=plan_json, event="revision", id=str(revision))
 
     def brief(doc: dict[str, Any]) -> ServerSentEvent:
         doc = {"problem_key": key, **{k: doc[k] for k in ("revision", "makespan_ms", "lower_bound_ms", "status",
-                                                          "method")}}
+                                                          "method")},
+               "plan": f"/v1/plans/{key}/revisions/{doc['revision']}"}
         return ServerSentEvent(raw_data=json.dumps(doc), event="revision", id=str(doc["revision"]))
+
+    def end(job: JobInfo | None, revision: int) -> ServerSentEvent:
+        view = job_view(job)
+        said = {f: getattr(view, f) if view else None for f in ("state", "outcome", "outcome_text", "gap_pct")}
+        return ServerSentEvent(event="end", data={"problem_key": key, "revision": revision, **said,
+                                                  "plan": f"/v1/plans/{key}"})
 
     async def catch_up(sent: int):
         """Revisions after `sent`: the shared best-plan cache when only the next one is new (the common
@@ -421,13 +477,25 @@ async def events(key: str, request: Request, after: int | None = Query(None, ge=
             yield brief(best.summary()) if summary else full(best.revision, best.plan_json)
         else:
             sent = start_after
+        check_job = not follow  # at the start, after a job event, and when quiet (events may be lost)
+        over, job = False, None
         while True:
             async for revision, body in catch_up(sent):
                 sent = revision
                 yield brief(body) if summary else full(revision, body)
+            if over:
+                yield end(job, sent)
+                return
+            if check_job:
+                running, job = await _job(st, key)
+                if not running:  # one more catch-up: a last revision stored just before the job ended
+                    over = True
+                    await st.best(key, fresh=True)
+                    continue
             message = await sub.get(timeout=st.settings.sse_poll_s)
             if message is None:  # quiet: re-read SQL in case a pub/sub message was lost
                 await st.best(key, fresh=True)
+            check_job = not follow and (message is None or message.get("type") == "job")
             while message is not None and message.get("type") == "job":
                 yield ServerSentEvent(data={k: v for k, v in message.items() if k not in ("type", "key")},
                                       event="job")
@@ -456,7 +524,10 @@ def refine(key: str, request: Request, body: RefineRequest | None = None) -> Job
     budget = refine_budget(st, body.time_budget_s if body else None)
     if st.repo.best_revision(key) is None:
         raise ApiError(404, "not_found", f"no plan cached for key {key}")
-    job, queued = st.repo.request_refine(key, budget)
+    job = st.repo.job(key)
+    if job is not None and job.state in ACTIVE_STATES:  # one run per key: nothing new is queued
+        return JobEnvelope(problem_key=key, queued=False, job=job_view(job), links=links(key))
+    job, queued = st.repo.request_refine(key, budget, owner=check_queue_share(request, budget))
     if queued and job is not None:
         enqueue(st, key, job)
         st.events.publish(key, job_message(key, QUEUED))

@@ -28,7 +28,8 @@ from pipeplan.settings import Settings, get_settings
 
 from . import api, frontier_api, openapi, traces
 from .errors import CatchAllMiddleware, error_responses
-from .metrics import BodyLimitMiddleware, Metrics, MetricsMiddleware, StateCollector
+from .bodies import BodyMiddleware
+from .metrics import Metrics, MetricsMiddleware, StateCollector
 from .state import ServiceState
 
 log = logging.getLogger("pipeplan.service")
@@ -96,6 +97,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _api_error(request: Request, exc: api.ApiError):
         return JSONResponse(exc.body(), exc.status_code,
                             headers=exc.headers)
+
+    @app.exception_handler(api.NothingToStream)
+    async def _nothing_to_stream(request: Request, exc: api.NothingToStream):
+        return Response(status_code=204)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
@@ -189,7 +194,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Level 6: most of level 9's ratio on JSON at a fraction of the CPU; bodies over 128 KiB are
     # compressed in a worker thread, not on the event loop.
     app.add_middleware(GZipMiddleware, minimum_size=settings.gzip_min_bytes, compresslevel=6)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(CatchAllMiddleware, logger=log)  # last added: outermost, inside Starlette's own
     return app

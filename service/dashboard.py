@@ -273,16 +273,18 @@ def _live_ctx(request: Request, repo, key: str, problem: Problem, plan: Plan,
         job_state, job_note = None, "no refine job"
     else:
         job_state = job.state
-        job_note = job.outcome_text or {  # a finished run's own words: "optimal (proven)", "budget spent …"
+        job_note = job.outcome_words or {  # a finished run's own words: "optimal (proven)", "budget spent …"
             "queued": "waiting for a worker",
             "solving": f"{job.used_s:.0f} of {job.budget_s:.0f} s used",
             "done": "outcome not recorded (finished before outcomes were kept)",
             "failed": (job.error or "failed")[:80],
             "cancelled": "cancelled"}.get(job.state, job.state)
+    # one bound, one gap: the plan's, or the tighter one a run proved (the job's words leave theirs out)
+    bound = min(plan.makespan_ms, max(plan.lower_bound_ms, plan.solver_bound_ms or 0.0, (job and job.bound_ms) or 0.0))
     metrics = {
         "makespan": views.fmt_ms(plan.makespan_ms),
-        "bound": views.fmt_ms(max(plan.lower_bound_ms, plan.solver_bound_ms or 0.0)),
-        "gap": views.fmt_pct(plan.gap),
+        "bound": views.fmt_ms(bound),
+        "gap": views.fmt_pct((plan.makespan_ms - bound) / plan.makespan_ms if plan.makespan_ms > 0 else 0.0),
         "bubble": views.fmt_pct(plan.bubble_ratio),
         "speedup": views.speedup_over(one.makespan_ms, plan.makespan_ms),
         "speedup_note": (f"{one.detail or '1F1B'} {views.fmt_ms(one.makespan_ms)} at same memory"

@@ -242,7 +242,8 @@ class OverviewRow:
     revision: int
     job_state: str | None
     job_outcome: str | None  # how the last run ended (service.outcomes), for the badge's colour
-    job_outcome_text: str | None  # the same words as the API and CLI, with the gap
+    job_outcome_text: str | None  # the API's and CLI's words without the gap (the Gap column shows it)
+    job_outcome_title: str | None  # the same with the gap, as the API and CLI say it
     status: str
     updated: str
     updated_iso: str
@@ -281,7 +282,8 @@ def overview_row(item: dict[str, Any], one: OneF1B | None, now: datetime) -> Ove
         revision=int(item["revision"]),
         job_state=item.get("job_state"),
         job_outcome=item.get("job_outcome"),
-        job_outcome_text=item.get("job_outcome_text"),
+        job_outcome_text=item.get("job_outcome_words"),
+        job_outcome_title=item.get("job_outcome_text"),
         status=item.get("status") or "",
         updated=views.fmt_age(updated, now),
         updated_iso=updated.isoformat() if updated else "",

@@ -301,7 +301,7 @@ def gantt_svg(problem: Problem, plan: Plan, chart_w: float = CHART_W) -> str:
 # -- memory --------------------------------------------------------------------------------------------
 
 MEM_H = 64
-MEM_GAP = 14
+MEM_GAP = 16  # room for the caption under each strip (static, limit)
 
 
 def memory_curves(problem: Problem, plan: Plan) -> list[list[tuple[float, float]]]:
@@ -409,14 +409,14 @@ def memory_svg(problem: Problem, plan: Plan, chart_w: float = CHART_W,
         if path:
             parts.append(f'<path class="mem-area" d="{path}V{_n(y0 + MEM_H)}H{_n(x_of(m.curve[0][0]))}Z"/>'
                          f'<path class="mem-line" d="{path}"/>')
-        parts.append(f'<text class="floor-label" x="{PAD_L + 4}" y="{y0 + MEM_H - 3}">'
-                     f'static {escape(fmt_mib(m.static))}</text>')
+        # static and limit are named in the gap under the strip: drawn on it, they hid the curves
+        caption = f"static {fmt_mib(m.static)}"
         if math.isfinite(m.limit):
             ly = _n(y_of(m.limit))
-            parts.append(f'<line class="mem-limit" x1="{PAD_L}" x2="{_n(right)}" y1="{ly}" y2="{ly}"/>'
-                         f'<text class="limit-label" x="{_n(right - 4)}" y="{_n(y_of(m.limit) - 3)}">'
-                         f'limit {escape(fmt_mib(m.limit))}</text>')
-        parts.append("</g>")
+            parts.append(f'<line class="mem-limit" x1="{PAD_L}" x2="{_n(right)}" y1="{ly}" y2="{ly}"/>')
+            caption += f" · limit {fmt_mib(m.limit)} (dashed)"
+        parts.append(f'<text class="floor-label" x="{PAD_L + 4}" y="{y0 + MEM_H + MEM_GAP - 4}">'
+                     f'{escape(caption)}</text></g>')
     parts.append("</svg>")
     return "".join(parts)
 

@@ -20,7 +20,7 @@ class ErrorBody(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     error: str = Field(description="Stable machine code: invalid_request, too_large, infeasible, unauthorized,"
-                       " not_found, method_not_allowed, payload_too_large, too_many_requests, unavailable,"
+                       " not_found, method_not_allowed, request_timeout, payload_too_large, too_many_requests, unavailable,"
                        " internal_error.")
     message: str = Field(description="One sentence for people; names the field and the reason.")
     detail: list[str] | None = Field(None, description="One line per invalid field (`field: reason`), on 422.")

@@ -31,6 +31,7 @@ from pipeplan.planner.contract import Limits, Plan, Problem, error_messages
 from pydantic import ValidationError
 
 from .errors import ApiError, unavailable
+from .repository import EPS_MS
 
 log = logging.getLogger("pipeplan.inline")
 
@@ -49,18 +50,22 @@ def first_plan(problem: Problem, key: str, greedy_s: float = 0.5, greedy_max_s: 
     from pipeplan.planner.bounds import lower_bound
 
     check_memory_feasible(problem)
+    bound = lower_bound(problem)
     best = None
     for name in CLASSIC:
         try:
             best = better(best, baseline_outcome(problem, name))
         except (NotApplicable, DoesNotFit):
             continue
-    if best is None or best.makespan > lower_bound(problem) * (1 + 1e-9):
+    if best is None or best.makespan > bound * (1 + 1e-9):
         greedy = _greedy_within(problem, greedy_s, greedy_max_s) if best is None else None
         best = better(best, greedy)
     if best is None:
         best = evaluate(problem, serialized_schedule(problem), "serialized")
-    return best.plan(key, validate=False)
+    plan = best.plan(key, validate=False)
+    if plan.makespan_ms <= bound + EPS_MS:  # at its proven bound: optimal now, not as a "better" revision 2
+        plan = plan.model_copy(update={"status": "optimal"})
+    return plan
 
 
 def _top_variant(problem: Problem):
@@ -188,7 +193,7 @@ def revision_one(job: dict[str, Any]) -> dict[str, Any]:
             repo = Repository(engine)
             if repo.best_revision(key) is None:
                 plan = first_plan(problem, key, job["greedy_s"], job.get("greedy_max_s", 3.0))
-                _, created, _ = repo.store_first(problem, plan, job["budget_s"], key=key)
+                _, created, _ = repo.store_first(problem, plan, job["budget_s"], key=key, owner=job.get("owner"))
             else:
                 created = False
         finally:

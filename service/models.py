@@ -91,7 +91,8 @@ class JobRow(Base):
     """The refine job of one key (one row per key: the dedup is the primary key)."""
 
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_state_heartbeat", "state", "heartbeat_at"),)
+    __table_args__ = (Index("ix_jobs_state_heartbeat", "state", "heartbeat_at"),
+                      Index("ix_jobs_owner_state", "owner", "state"))
 
     key: Mapped[str] = mapped_column(ForeignKey("problems.key", ondelete="CASCADE"), primary_key=True)
     run_id: Mapped[str] = mapped_column(String(120))  # the queue's job id of the current run
@@ -109,6 +110,9 @@ class JobRow(Base):
     gap_pct: Mapped[float | None] = mapped_column(Float, nullable=True)  # best plan's gap to the proven bound
     searched_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # solver seconds, all attempts
     run_improvements: Mapped[int | None] = mapped_column(Integer, nullable=True)  # revisions that run stored
+    bound_ms: Mapped[float | None] = mapped_column(Float, nullable=True)  # the lower bound that run proved
+    # who asked for the current run (service.admission.identity_of): its queued solve-seconds are capped
+    owner: Mapped[str | None] = mapped_column(String(80), nullable=True)
     queued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

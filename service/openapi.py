@@ -9,11 +9,12 @@ service/static/docs (vendored, see its README) so /docs works offline.
 from __future__ import annotations
 
 import re
+from html import escape
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
@@ -24,6 +25,21 @@ from .errors import ErrorBody, error_responses
 DOCS_STATIC = Path(__file__).resolve().parent / "static" / "docs"
 STATIC_URL = "/static/docs"
 UNGATED = {"/healthz", "/readyz", "/metrics"}
+# ReDoc 3 ships as an ES module (it reads `import.meta` and ends in `export`): loaded by a classic
+# <script>, as FastAPI's get_redoc_html writes it, it fails to parse and the page stays blank. As a
+# module it is imported and started here, with its telemetry (a beacon to redocly.com) turned off.
+REDOC_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="shortcut icon" href="{favicon}">
+<link rel="modulepreload" href="{js}"><style>body {{ margin: 0; padding: 0; }}</style></head>
+<body><noscript>ReDoc needs JavaScript; the OpenAPI document itself is at {openapi}.</noscript>
+<div id="redoc"></div>
+<script type="module">
+import {{ init }} from "{js}";
+init("{openapi}", {{ disableTelemetry: true }}, document.getElementById("redoc"));
+</script>
+</body></html>
+"""
 METRICS_TYPE = CONTENT_TYPE_LATEST  # what /metrics really sends
 
 
@@ -97,6 +113,45 @@ def _number_bounds(schema: dict[str, Any]) -> None:
                         branch.update(bound)
 
 
+SECURITY_SCHEMES = {
+    "bearerAuth": {"type": "http", "scheme": "bearer", "description": "`Authorization: Bearer <key>`, one of the"
+                   " server's PIPEPLAN_API_KEYS."},
+    "apiKeyHeader": {"type": "apiKey", "in": "header", "name": "X-API-Key", "description": "The same key in"
+                     " `X-API-Key`."},
+}
+
+
+def _gate_of(dependant: Any) -> str | None:
+    """"write" or "read" when the operation checks keys (service.security), else None."""
+    from .security import require_read, require_write
+
+    calls, stack = set(), [dependant]
+    while stack:
+        d = stack.pop()
+        calls.add(d.call)
+        stack.extend(d.dependencies)
+    return "write" if require_write in calls else "read" if require_read in calls else None
+
+
+def _security(app: FastAPI, schema: dict[str, Any]) -> None:
+    """securitySchemes, and each gated operation's requirement as this server is configured: either
+    scheme, or also none (`{}`) where no key is needed (no keys set; reads unless read_requires_key)."""
+    from fastapi.routing import APIRoute, iter_route_contexts
+
+    schema.setdefault("components", {})["securitySchemes"] = SECURITY_SCHEMES
+    settings = app.state.pipeplan.settings
+    for route in iter_route_contexts(app.routes):  # included routers' routes too
+        gate = _gate_of(route.dependant) if isinstance(route.original_route, APIRoute) else None
+        if gate is None:
+            continue
+        needed = bool(settings.api_keys) and (gate == "write" or settings.read_requires_key)
+        ops = schema.get("paths", {}).get(route.path_format, {})
+        for method in route.methods:
+            if method.lower() in ops:
+                ops[method.lower()]["security"] = [{name: []} for name in SECURITY_SCHEMES] + (
+                    [] if needed else [{}])
+
+
 def allowed_methods(app: FastAPI, scope: dict[str, Any]) -> str:
     """The Allow header of a 405: every method the OpenAPI document gives this path."""
     path = scope.get("path", "")
@@ -130,6 +185,7 @@ def build_schema(app: FastAPI) -> dict[str, Any]:
     _spec_schema(schema)
     _exactly_one(schema)
     _number_bounds(schema)
+    _security(app, schema)
     return schema
 
 
@@ -151,8 +207,9 @@ def install(app: FastAPI) -> None:
             swagger_js_url=f"{STATIC_URL}/swagger-ui-bundle.js", swagger_css_url=f"{STATIC_URL}/swagger-ui.css",
             swagger_favicon_url=f"{STATIC_URL}/favicon-32x32.png")
 
+    page = REDOC_PAGE.format(title=escape(f"{app.title} - ReDoc"), favicon=f"{STATIC_URL}/favicon-32x32.png",
+                             openapi=escape(app.openapi_url or "/openapi.json"), js=f"{STATIC_URL}/redoc.standalone.js")
+
     @app.get("/redoc", include_in_schema=False)
     async def redoc() -> HTMLResponse:
-        return get_redoc_html(openapi_url=app.openapi_url or "/openapi.json", title=f"{app.title} - ReDoc",
-                              redoc_js_url=f"{STATIC_URL}/redoc.standalone.js",
-                              redoc_favicon_url=f"{STATIC_URL}/favicon-32x32.png", with_google_fonts=False)
+        return HTMLResponse(page)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from typing import Callable, Protocol
 
 log = logging.getLogger("pipeplan.queue")
@@ -20,7 +20,7 @@ RQ_TASK = "pipeplan.worker.tasks.rq_refine"
 class JobQueue(Protocol):
     kind: str
 
-    def enqueue(self, key: str, run_id: str, budget_s: float) -> None: ...
+    def enqueue(self, key: str, run_id: str, budget_s: float, at_front: bool = False) -> None: ...
     def exists(self, run_id: str) -> bool: ...
     def depth(self) -> int: ...
     def ping(self) -> None: ...
@@ -40,10 +40,10 @@ class RQQueue:
         self.queue = Queue(name, connection=self.connection)
         self.margin = timeout_margin_s
 
-    def enqueue(self, key: str, run_id: str, budget_s: float) -> None:
+    def enqueue(self, key: str, run_id: str, budget_s: float, at_front: bool = False) -> None:
         self.queue.enqueue(
             RQ_TASK, key, run_id, job_id=run_id, job_timeout=int(budget_s + self.margin),
-            result_ttl=600, failure_ttl=86400, description=f"refine {key[:12]}",
+            result_ttl=600, failure_ttl=86400, description=f"refine {key[:12]}", at_front=at_front,
         )
 
     def exists(self, run_id: str) -> bool:
@@ -67,51 +67,68 @@ class RQQueue:
 
 
 class LocalQueue:
-    """Embedded mode: `workers` threads in this process run the same job function as RQ workers."""
+    """Embedded mode: `workers` threads in this process run the same job function as RQ workers,
+    taking runs from one deque (its front for `at_front` runs, as RQ's LPUSH)."""
 
     kind = "local"
 
     def __init__(self, runner: Callable[[str, str], object], workers: int = 1):
         self.runner = runner
         self.shutdown = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="pipeplan-job")
+        self._pending: deque[tuple[str, str]] = deque()
         self._known: dict[str, str] = {}  # run_id -> "queued" | "started"
-        self._lock = threading.Lock()
+        self._ready = threading.Condition()
         self.enabled = workers > 0
+        self._threads = [threading.Thread(target=self._work, name=f"pipeplan-job_{i}", daemon=True)
+                         for i in range(max(0, workers))]
+        for thread in self._threads:
+            thread.start()
 
-    def enqueue(self, key: str, run_id: str, budget_s: float) -> None:
+    def enqueue(self, key: str, run_id: str, budget_s: float, at_front: bool = False) -> None:
         if not self.enabled or self.shutdown.is_set():
             return
-        with self._lock:
+        with self._ready:
             if run_id in self._known:
                 return
             self._known[run_id] = "queued"
-        self._pool.submit(self._run, key, run_id)
+            (self._pending.appendleft if at_front else self._pending.append)((key, run_id))
+            self._ready.notify()
 
-    def _run(self, key: str, run_id: str) -> None:
-        with self._lock:
-            self._known[run_id] = "started"
-        try:
-            if not self.shutdown.is_set():
+    def _work(self) -> None:
+        while True:
+            with self._ready:
+                while not self._pending and not self.shutdown.is_set():
+                    self._ready.wait()
+                if self.shutdown.is_set():
+                    return
+                key, run_id = self._pending.popleft()
+                self._known[run_id] = "started"
+            try:
                 self.runner(key, run_id)
-        except Exception:
-            log.exception("embedded job %s failed", run_id)
-        finally:
-            with self._lock:
-                self._known.pop(run_id, None)
+            except Exception:
+                log.exception("embedded job %s failed", run_id)
+            finally:
+                with self._ready:
+                    self._known.pop(run_id, None)
 
     def exists(self, run_id: str) -> bool:
-        with self._lock:
+        with self._ready:
             return run_id in self._known
 
     def depth(self) -> int:
-        with self._lock:
-            return sum(1 for s in self._known.values() if s == "queued")
+        with self._ready:
+            return len(self._pending)
 
     def ping(self) -> None:
         if self.shutdown.is_set():
             raise RuntimeError("the embedded worker pool is shut down")
 
     def close(self) -> None:
-        self.shutdown.set()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop taking runs; running ones see `shutdown` and hand theirs back (worker.tasks.release)."""
+        with self._ready:
+            self.shutdown.set()
+            self._pending.clear()
+            self._known = {r: s for r, s in self._known.items() if s == "started"}
+            self._ready.notify_all()
+        for thread in self._threads:
+            thread.join()

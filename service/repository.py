@@ -13,8 +13,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.trace import Trace
 from pipeplan.planner.validator import InvalidPlanError, validate_plan
-from sqlalchemy import Engine, and_, func, insert, or_, select, text, update
+from pydantic import ValidationError
+from sqlalchemy import Engine, and_, case, func, insert, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -95,11 +97,18 @@ class JobInfo:
     gap_pct: float | None = None
     searched_s: float | None = None
     run_improvements: int | None = None
+    bound_ms: float | None = None
+    owner: str | None = None
 
     @property
     def outcome_text(self) -> str | None:
         """The run's end in words (service.outcomes.describe); None while running or after a failure."""
         return describe(self.outcome, self.gap_pct, self.searched_s, self.run_improvements)
+
+    @property
+    def outcome_words(self) -> str | None:
+        """The same without the gap, for a page that shows the gap beside it."""
+        return describe(self.outcome, self.gap_pct, self.searched_s, self.run_improvements, gap=False)
 
     @classmethod
     def of(cls, row: Any) -> JobInfo:
@@ -215,6 +224,10 @@ class Repository:
             row = conn.execute(select(*JobRow.__table__.c).where(JobRow.key == key)).first()
         return None if row is None else JobInfo.of(row)
 
+    # The best proven bound of a key: its best plan's, or the tighter one a run proved without finding a
+    # shorter plan (jobs.bound_ms). One bound, so the listing's gap is the one gap the key has.
+    BOUND = case((JobRow.bound_ms > ProblemRow.lower_bound_ms, JobRow.bound_ms), else_=ProblemRow.lower_bound_ms)
+
     SORTS = {
         "updated_at": ProblemRow.updated_at,
         "created_at": ProblemRow.created_at,
@@ -223,7 +236,7 @@ class Repository:
         "num_microbatches": ProblemRow.num_microbatches,
         "revision": ProblemRow.best_revision,
         "bubble_ratio": ProblemRow.bubble_ratio,
-        "gap": (ProblemRow.best_makespan_ms - ProblemRow.lower_bound_ms) / ProblemRow.best_makespan_ms,
+        "gap": (ProblemRow.best_makespan_ms - BOUND) / ProblemRow.best_makespan_ms,
         "speedup": ProblemRow.first_makespan_ms / ProblemRow.best_makespan_ms,
     }
 
@@ -238,7 +251,7 @@ class Repository:
             conds.append(JobRow.state == job_state)
         order = self.SORTS.get(sort, ProblemRow.updated_at)
         base = select(ProblemRow, JobRow.state, JobRow.outcome, JobRow.gap_pct, JobRow.searched_s,
-                      JobRow.run_improvements).outerjoin(JobRow, JobRow.key == ProblemRow.key)
+                      JobRow.run_improvements, self.BOUND).outerjoin(JobRow, JobRow.key == ProblemRow.key)
         if conds:
             base = base.where(*conds)
         page = base.order_by(order.desc() if descending else order.asc(), ProblemRow.key).offset(offset).limit(limit)
@@ -249,7 +262,8 @@ class Repository:
             rows = session.execute(page).all()
             total = session.execute(count).scalar() or 0
         items = []
-        for p, state, outcome, gap_pct, searched_s, run_improvements in rows:
+        for p, state, outcome, gap_pct, searched_s, run_improvements, bound in rows:
+            bound = min(bound, p.best_makespan_ms)
             items.append({
                 "problem_key": p.key,
                 "model": p.model,
@@ -260,9 +274,8 @@ class Repository:
                 "memory_limit_mib": p.memory_limit_mib,
                 "revision": p.best_revision,
                 "makespan_ms": p.best_makespan_ms,
-                "lower_bound_ms": p.lower_bound_ms,
-                "gap": max(0.0, (p.best_makespan_ms - p.lower_bound_ms) / p.best_makespan_ms)
-                if p.best_makespan_ms > 0 else 0.0,
+                "lower_bound_ms": bound,
+                "gap": (p.best_makespan_ms - bound) / p.best_makespan_ms if p.best_makespan_ms > 0 else 0.0,
                 "bubble_ratio": p.bubble_ratio,
                 "status": p.best_status,
                 "method": p.best_method,
@@ -271,6 +284,7 @@ class Repository:
                 "job_state": state,
                 "job_outcome": outcome,
                 "job_outcome_text": describe(outcome, gap_pct, searched_s, run_improvements),
+                "job_outcome_words": describe(outcome, gap_pct, searched_s, run_improvements, gap=False),
                 "created_at": _iso(p.created_at),
                 "updated_at": _iso(p.updated_at),
             })
@@ -282,25 +296,29 @@ class Repository:
         return {state: n for state, n in rows}
 
     def improvements_total(self) -> int:
-        """Revisions beyond the first: every one is a solver improvement."""
+        """Shorter plans stored after the first, over every job (a revision that only adds a proof is none)."""
         with self.engine.connect() as conn:
-            return conn.execute(select(func.count()).where(RevisionRow.revision > 1)).scalar() or 0
+            return conn.execute(select(func.coalesce(func.sum(JobRow.improvements), 0))).scalar() or 0
 
     # -- plan writes ----------------------------------------------------------------------------------
-    def store_first(self, problem: Problem, plan: Plan, budget_s: float,
-                    key: str | None = None) -> tuple[int, bool, JobInfo]:
-        """Store revision 1 and its refine job, unless the key exists. Returns (best revision, created, job).
+    def store_first(self, problem: Problem, plan: Plan, budget_s: float, key: str | None = None,
+                    owner: str | None = None) -> tuple[int, bool, JobInfo]:
+        """Store revision 1 and its refine job (queued for `owner`), unless the key exists. Returns
+        (best revision, created, job).
 
         Concurrent callers with one new problem: exactly one INSERT wins; the others see created=False.
         """
         key = key or problem.key()
         _check_valid(problem, plan, key)
+        problem_doc = problem.model_dump(mode="json")
+        if read_back(Problem, problem_doc, "the problem").key() != problem.key():  # e.g. a NaN stored as null
+            raise UnreadableDocument("the problem would read back as another problem (another key)")
         plan_json = plan.model_copy(update={"revision": 1, "problem_key": key}).model_dump_json()
         now = utcnow()
         run_id = new_run_id(key)
         with self.engine.begin() as conn:
             res = conn.execute(self._insert_ignore(ProblemRow).values(
-                key=key, problem=problem.model_dump(mode="json"), **problem_summary(problem),
+                key=key, problem=problem_doc, **problem_summary(problem),
                 best_revision=1, best_makespan_ms=plan.makespan_ms, lower_bound_ms=plan.lower_bound_ms,
                 bubble_ratio=plan.bubble_ratio, best_status=plan.status, best_method=plan.method,
                 first_makespan_ms=plan.makespan_ms, created_at=now, updated_at=now,
@@ -318,7 +336,7 @@ class Repository:
                              run_improvements=0) if proven else dict(state=QUEUED)
                 conn.execute(self._insert_ignore(JobRow).values(
                     key=key, run_id=run_id, budget_s=budget_s, used_s=0.0, attempts=0, runs=1,
-                    cancel_requested=False, improvements=0, queued_at=now, **ended,
+                    cancel_requested=False, improvements=0, queued_at=now, owner=owner, **ended,
                 ))
             revision = conn.execute(select(ProblemRow.best_revision).where(ProblemRow.key == key)).scalar()
             job = conn.execute(select(*JobRow.__table__.c).where(JobRow.key == key)).first()
@@ -328,26 +346,30 @@ class Repository:
         """Store `plan` as the next revision iff it validates and beats the stored best; atomic.
 
         Better = shorter makespan, or the same makespan newly proven optimal. Returns the new revision,
-        or None when the stored plan is at least as good (another writer may have just won).
+        or None when the stored plan is at least as good (another writer may have just won). Only a
+        shorter makespan counts as one of the job's improvements: a proof changes no schedule.
         """
         problem = problem or self.get_problem(key)
         if problem is None:
             raise KeyError(key)
         _check_valid(problem, plan, key)
         m = plan.makespan_ms
-        optimal = plan.status == "optimal"
-        better = ProblemRow.best_makespan_ms > m + EPS_MS
-        if optimal:
-            better = or_(better, and_(ProblemRow.best_status != "optimal", ProblemRow.best_makespan_ms >= m - EPS_MS))
         now = utcnow()
+        proven = and_(ProblemRow.best_status != "optimal", ProblemRow.best_makespan_ms >= m - EPS_MS)
         with self.engine.begin() as conn:
-            revision = conn.execute(
-                update(ProblemRow).where(ProblemRow.key == key, better).values(
-                    best_revision=ProblemRow.best_revision + 1, best_makespan_ms=m,
-                    lower_bound_ms=plan.lower_bound_ms, bubble_ratio=plan.bubble_ratio,
-                    best_status=plan.status, best_method=plan.method, updated_at=now,
-                ).returning(ProblemRow.best_revision)
-            ).scalar()
+            def take(better) -> int | None:  # each UPDATE decides atomically; the loser's WHERE no longer holds
+                return conn.execute(
+                    update(ProblemRow).where(ProblemRow.key == key, better).values(
+                        best_revision=ProblemRow.best_revision + 1, best_makespan_ms=m,
+                        lower_bound_ms=plan.lower_bound_ms, bubble_ratio=plan.bubble_ratio,
+                        best_status=plan.status, best_method=plan.method, updated_at=now,
+                    ).returning(ProblemRow.best_revision)
+                ).scalar()
+
+            revision = take(ProblemRow.best_makespan_ms > m + EPS_MS)
+            shorter = revision is not None
+            if revision is None and plan.status == "optimal":
+                revision = take(proven)
             if revision is None:
                 return None
             plan_json = plan.model_copy(update={"revision": revision, "problem_key": key}).model_dump_json()
@@ -356,17 +378,19 @@ class Repository:
                 solver_bound_ms=plan.solver_bound_ms, status=plan.status, method=plan.method,
                 plan=plan_json, created_at=now,
             ))
-            conn.execute(update(JobRow).where(JobRow.key == key).values(improvements=JobRow.improvements + 1))
+            if shorter:
+                conn.execute(update(JobRow).where(JobRow.key == key).values(improvements=JobRow.improvements + 1))
         return revision
 
     # -- job writes -----------------------------------------------------------------------------------
-    def request_refine(self, key: str, budget_s: float) -> tuple[JobInfo | None, bool]:
-        """Queue a new run of the key's job unless one is queued or solving. Returns (job, newly queued)."""
+    def request_refine(self, key: str, budget_s: float, owner: str | None = None) -> tuple[JobInfo | None, bool]:
+        """Queue a new run of the key's job for `owner` unless one is queued or solving. Returns (job,
+        newly queued)."""
         run_id = new_run_id(key)
         with self.engine.begin() as conn:
             res = conn.execute(
                 update(JobRow).where(JobRow.key == key, JobRow.state.not_in(ACTIVE_STATES)).values(
-                    state=QUEUED, run_id=run_id, budget_s=budget_s, used_s=0.0, attempts=0,
+                    state=QUEUED, run_id=run_id, budget_s=budget_s, used_s=0.0, attempts=0, owner=owner,
                     cancel_requested=False, runs=JobRow.runs + 1, queued_at=utcnow(), error=None,
                     started_at=None, finished_at=None, heartbeat_at=None, **NO_OUTCOME,
                 )
@@ -375,10 +399,18 @@ class Repository:
             if not queued and conn.execute(select(ProblemRow.key).where(ProblemRow.key == key)).first():
                 res = conn.execute(self._insert_ignore(JobRow).values(
                     key=key, run_id=run_id, state=QUEUED, budget_s=budget_s, used_s=0.0, attempts=0, runs=1,
-                    cancel_requested=False, improvements=0, queued_at=utcnow(),
+                    cancel_requested=False, improvements=0, queued_at=utcnow(), owner=owner,
                 ).returning(JobRow.key))
                 queued = res.scalar() is not None
         return self.job(key), queued
+
+    def queued_work(self, owner: str) -> tuple[int, float]:
+        """(runs, solve-seconds left) that `owner` has queued or solving: what fair queuing caps."""
+        q = select(func.count(), func.coalesce(func.sum(JobRow.budget_s - JobRow.used_s), 0.0)).where(
+            JobRow.owner == owner, JobRow.state.in_(ACTIVE_STATES))
+        with self.engine.connect() as conn:
+            runs, seconds = conn.execute(q).one()
+        return int(runs), max(0.0, float(seconds))
 
     def request_cancel(self, key: str) -> JobInfo | None:
         """A queued run is cancelled at once; a solving one stops at its next heartbeat."""
@@ -412,15 +444,18 @@ class Repository:
 
     def finish(self, key: str, run_id: str, state: str, error: str | None = None, *,
                outcome: str | None = None, gap_pct: float | None = None, searched_s: float | None = None,
-               run_improvements: int | None = None) -> bool:
+               run_improvements: int | None = None, bound_ms: float | None = None) -> bool:
         """End this run (only if it still owns the row), with how it ended in the same UPDATE, so a
-        reader never sees "done" without its outcome and gap."""
+        reader never sees "done" without its outcome and gap. `bound_ms`, the bound the run proved,
+        is kept when tighter than the job's earlier ones (a bound holds for every later run too)."""
+        bound = JobRow.bound_ms if bound_ms is None else case(
+            (or_(JobRow.bound_ms.is_(None), JobRow.bound_ms < bound_ms), bound_ms), else_=JobRow.bound_ms)
         with self.engine.begin() as conn:
             res = conn.execute(update(JobRow).where(
                 JobRow.key == key, JobRow.run_id == run_id, JobRow.state == SOLVING,
             ).values(state=state, error=error[:4000] if error else None, finished_at=utcnow(),
                      heartbeat_at=utcnow(), outcome=outcome, gap_pct=gap_pct, searched_s=searched_s,
-                     run_improvements=run_improvements))
+                     run_improvements=run_improvements, bound_ms=bound))
             return res.rowcount == 1
 
     def release(self, key: str, run_id: str, used_s: float) -> bool:
@@ -500,6 +535,7 @@ class TraceStore:
     def add(self, key: str, revision: int, digest: str, trace_json: str, *, iteration: int, device_kind: str,
             predicted_ms: float, measured_ms: float, calibrated_key: str | None) -> tuple[TraceInfo, bool]:
         """Store a trace unless this key already has one with `digest`. Returns (row, created)."""
+        read_back(Trace, trace_json, "the trace")
         with self.repo.engine.begin() as conn:
             res = conn.execute(self.repo._insert_ignore(TraceRow).values(
                 problem_key=key, revision=revision, digest=digest, trace=trace_json, iteration=iteration,
@@ -547,6 +583,19 @@ class TraceStore:
             return {r[2]: (r[0], _trace_info(r[1:])) for r in conn.execute(q).all()}
 
 
+class UnreadableDocument(ValueError):
+    """A document that would not parse back once stored; nothing was written."""
+
+
+def read_back(model: type, doc: str | dict, what: str) -> Any:
+    """`doc` parsed as `model`, as every later read will parse it. Stores call it before writing, so
+    a stored document that cannot be read back (and then answers 500 for good) cannot exist."""
+    try:
+        return model.model_validate_json(doc) if isinstance(doc, str) else model.model_validate(doc)
+    except ValidationError as exc:
+        raise UnreadableDocument(f"{what} would not read back: {str(exc).splitlines()[0]}") from None
+
+
 def _check_valid(problem: Problem, plan: Plan, key: str) -> None:
     violations = validate_plan(problem, plan.model_copy(update={"problem_key": key}), key)
     if violations:
@@ -558,5 +607,6 @@ def stale_cutoffs(stale_after_s: float, queued_grace_s: float = 3.0) -> tuple[da
     return now - timedelta(seconds=stale_after_s), now - timedelta(seconds=queued_grace_s)
 
 
-__all__ = ["Repository", "BestPlan", "JobInfo", "TraceInfo", "TraceStore", "problem_summary", "stale_cutoffs"]
+__all__ = ["Repository", "BestPlan", "JobInfo", "TraceInfo", "TraceStore", "UnreadableDocument", "problem_summary",
+           "read_back", "stale_cutoffs"]
 

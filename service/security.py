@@ -23,9 +23,15 @@ def _key_ok(presented: str | None, keys: list[str]) -> bool:
     return ok
 
 
-def _check(request: Request) -> None:
+def verified_key(request: Request) -> str | None:
+    """The presented key when it is one of the configured keys (None without configured keys)."""
     keys = request.app.state.pipeplan.settings.api_keys
-    if keys and not _key_ok(_presented_key(request), keys):
+    presented = _presented_key(request)
+    return presented if keys and _key_ok(presented, keys) else None
+
+
+def _check(request: Request) -> None:
+    if request.app.state.pipeplan.settings.api_keys and verified_key(request) is None:
         raise HTTPException(401, "a valid API key is required (Authorization: Bearer <key> or X-API-Key)",
                             headers={"WWW-Authenticate": "Bearer"})
 

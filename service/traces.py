@@ -120,7 +120,12 @@ def _prepare(st: ServiceState, key: str, trace: Trace,
         if before is None:
             raise ApiError(404, "not_found", f"the calibrated plan of this trace of {key[:16]}… is gone")
         return plan, before, known
-    earlier = [Trace.model_validate_json(doc) for doc in store.documents(key, CALIBRATION_TRACES - 1)]
+    earlier = []
+    for doc in store.documents(key, CALIBRATION_TRACES - 1):
+        try:
+            earlier.append(Trace.model_validate_json(doc))
+        except ValueError:  # stored by a version that did not read documents back before storing
+            log.warning("skipping an unreadable stored trace of %s", key[:12])
     calibrated = calibrated_problem(problem, [trace, *earlier])
     try:
         calibrated.check_limits(st.settings.limits)

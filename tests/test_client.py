@@ -35,7 +35,8 @@ def service(tmp_path_factory):
 
 @pytest.fixture
 def problem():
-    return make_problem(p=4, m=8, p2p=0.1)
+    """Under a memory limit ZB-H1 is revision 1, above the bound: its refine job stores a better plan."""
+    return make_problem(p=4, m=8, p2p=0.1, limit=400.0)
 
 
 def test_submit_get_etag_and_wait(service, problem):

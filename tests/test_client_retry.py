@@ -153,7 +153,7 @@ def test_follow_polls_with_if_none_match_when_there_is_no_event_stream(plan_doc)
             if len(seen) == 2:
                 break
         assert seen == [1, 2]
-        assert [p for _, p, _, _ in server.requests][0].endswith("/events")
+        assert [p for _, p, _, _ in server.requests][0].endswith("/events?follow=true")
         assert server.headers[2].get("If-None-Match") == '"r1"'
     finally:
         server.close()

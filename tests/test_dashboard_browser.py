@@ -245,3 +245,83 @@ def test_a_10k_op_plan_page_loads_and_hovers_fast(server, page):
           f"zoom 1x->2x->4x {zoom_s * 1000:.0f} ms (server re-render)")
     assert per_hover_ms < 20 and load_s < 15
     _shot(page, "dashboard-plan-10k.png")
+
+
+def test_redoc_renders_the_api_document(server, page):
+    """Issue 38 point 3: /redoc shows the API (ReDoc 3 is an ES module; as a classic script it broke)."""
+    page.goto(server["base"] + "/redoc")
+    page.get_by_text("Pipeline-parallel schedule plans as a service").first.wait_for(timeout=30_000)
+    for path in ("/v1/plans/{key}/events", "/v1/plans/{key}/traces"):  # the operations, as they render
+        page.get_by_text(path, exact=True).first.wait_for(timeout=30_000)
+    _shot(page, "redoc.png")
+
+
+def test_overview_row_shows_one_gap_and_every_column_at_1400px(server, browser):
+    """Issue 38 points 6 and 8: a finished run that proved a tighter bound than its plan's shows one
+    gap (the Gap column; the job's words leave theirs out), its text wraps inside its column so
+    "Improved" stays in view at 1400 px, and the key shown copies as the key the API accepts."""
+    from pipeplan.service.dashboard_views import fmt_ms
+    from pipeplan.service.db import make_engine
+    from pipeplan.service.repository import Repository
+
+    problem = make_problem(4, 8).model_copy(update={"metadata": {
+        "model": "Meta-Llama-3-8B-Instruct (128k vocabulary), tensor parallel 2, sequence parallel, FP8"}})
+    key = problem.key()
+    plan = slow_plan(problem)
+    bound = plan.lower_bound_ms + 0.6 * (plan.makespan_ms - plan.lower_bound_ms)  # what a run proved
+    gap_pct = 100 * (plan.makespan_ms - bound) / plan.makespan_ms
+    engine = make_engine(server["url"], 2)
+    repo = Repository(engine)
+    _, _, job = repo.store_first(problem, plan, 30.0)
+    assert repo.claim(key, job.run_id, "test")
+    assert repo.finish(key, job.run_id, "done", outcome="budget", gap_pct=gap_pct, searched_s=30.2,
+                       run_improvements=0, bound_ms=bound)
+    engine.dispose()
+
+    context = browser.new_context(viewport={"width": 1400, "height": 900}, device_scale_factor=1)
+    pg = context.new_page()
+    try:
+        pg.goto(f"{server['base']}/dashboard/?q={key[:16]}")
+        row = pg.locator(f"#row-{key}")
+        row.wait_for()
+        cells = row.locator("td")
+        assert cells.nth(4).inner_text().strip() == f"{gap_pct:.1f}%"  # the Gap column: the run's bound
+        assert cells.nth(3).inner_text().strip() == fmt_ms(bound)  # the bound that gap is against
+        outcome = row.locator(".outcome")
+        assert outcome.inner_text() == "budget spent after 30 s; no better plan found"  # no second gap
+        boxes = pg.evaluate("""key => {
+            const row = document.getElementById('row-' + key), cells = row.querySelectorAll('td');
+            const box = e => e.getBoundingClientRect().toJSON();
+            return {job: box(cells[8]), outcome: box(row.querySelector('.outcome')), improved: box(cells[9]),
+                    width: document.documentElement.clientWidth, scroll: row.closest('div').scrollWidth,
+                    view: row.closest('div').clientWidth, key: row.querySelector('a.key').textContent};
+        }""", key)
+        assert boxes["outcome"]["right"] <= boxes["job"]["right"] + 0.5, boxes
+        assert boxes["improved"]["left"] >= boxes["job"]["right"] - 0.5, boxes
+        assert boxes["improved"]["right"] <= boxes["width"] and boxes["scroll"] <= boxes["view"], boxes
+        assert boxes["key"] == key and httpx.get(f"{server['base']}/v1/plans/{boxes['key']}").status_code == 200
+        _shot(pg, "dashboard-overview-1400.png")
+    finally:
+        context.close()
+
+
+def test_memory_chart_labels_stay_off_the_curves(server, page):
+    """Issue 38 point 6: static and limit are named beside each memory strip, not drawn over it."""
+    problem = make_problem(4, 12, offload=True, limit_mib=10400.0)
+    _post(server, problem)
+    page.goto(f"{server['base']}/dashboard/plans/{problem.key()}")
+    page.locator("svg.memory g.mem-device").first.wait_for()
+    clashes = page.evaluate("""() => {
+        const strips = [...document.querySelectorAll('svg.memory rect.row-bg')].map(r => r.getBoundingClientRect());
+        const out = [];
+        for (const t of document.querySelectorAll('svg.memory text')) {
+            const b = t.getBoundingClientRect();
+            for (const s of strips)
+                if (b.left < s.right && b.right > s.left && b.top < s.bottom && b.bottom > s.top)
+                    out.push(t.textContent);
+        }
+        return out;
+    }""")
+    assert clashes == [], clashes
+    captions = page.locator("svg.memory text.floor-label").all_text_contents()
+    assert len(captions) == 4 and all(c.startswith("static 7.8 GiB · limit 10.2 GiB") for c in captions), captions

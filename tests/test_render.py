@@ -84,3 +84,17 @@ def test_ten_thousand_ops_render_fast():
     assert elapsed < 30, elapsed  # about 3 s on an idle 2-core machine
     fig = gantt_figure(problem, plan)
     assert len(_bars(fig)) == 3 and len(fig.axes[0].texts) <= 4000
+
+
+def test_memory_labels_stay_off_the_curves():
+    """Issue 38 point 6: the peak / limit label sits beside each memory strip, never on its curve."""
+    problem = make_problem(p=3, m=6, static=400.0, limit=900.0)
+    plan = plan_of(problem, one_f_one_b(problem))
+    fig = gantt_figure(problem, plan)
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    for ax in fig.axes[1:]:
+        strip = ax.get_window_extent(renderer)
+        (label,) = [t for t in ax.texts if t.get_text().startswith("peak")]
+        box = label.get_window_extent(renderer)
+        assert box.x0 >= strip.x1 and box.x1 <= fig.bbox.x1, (box, strip, fig.bbox)

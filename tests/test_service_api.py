@@ -29,7 +29,7 @@ def client(tmp_path):
 
 
 def test_submit_miss_then_hit_and_etag(client):
-    problem = make_problem(devices=4, microbatches=8)
+    problem = make_problem(devices=4, microbatches=8, limit_mib=3100)  # zb-h1, above the bound: refined
     r = client.post("/v1/plans", json={"problem": problem_doc(problem), "time_budget_s": 1.5})
     assert r.status_code == 201, r.text
     body = r.json()
@@ -149,7 +149,7 @@ def test_api_keys_gate_writes_and_optionally_reads(tmp_path):
 def test_listing_refine_cancel_and_exports(client):
     keys = []
     for m in (4, 5, 6):
-        r = client.post("/v1/plans", json={"problem": problem_doc(make_problem(microbatches=m))})
+        r = client.post("/v1/plans", json={"problem": problem_doc(make_problem(microbatches=m, limit_mib=2100))})
         keys.append(r.json()["problem_key"])
     page = client.get("/v1/plans", params={"limit": 2, "sort": "num_microbatches", "order": "asc"}).json()
     assert page["total"] == 3 and [i["num_microbatches"] for i in page["items"]] == [4, 5]
@@ -174,7 +174,7 @@ def test_health_readiness_and_metrics(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz").json()
     assert ready["database"] == "ok" and ready["queue"] == "ok" and ready["queue_kind"] == "local"
-    client.post("/v1/plans", json={"problem": problem_doc(make_problem())})
+    client.post("/v1/plans", json={"problem": problem_doc(make_problem(limit_mib=2100))})  # not optimal: queued
     text = client.get("/metrics").text
     assert 'pipeplan_http_requests_total{method="POST",route="/v1/plans",status="201"} 1.0' in text
     assert "pipeplan_http_request_duration_seconds_bucket" in text

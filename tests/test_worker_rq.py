@@ -72,7 +72,7 @@ def post_plan(base: str, problem: Problem, budget_s: float) -> httpx.Response:
 
 def test_concurrent_duplicate_posts_make_one_job_and_one_revision(deployment):
     base, repo = deployment["base"], deployment["repo"]
-    problem = make_problem(devices=4, microbatches=8)
+    problem = make_problem(devices=4, microbatches=8, limit_mib=3100)  # above its bound: a job is queued
     queue = Queue(deployment["queue"], connection=redis.Redis.from_url(REDIS_URL))
     before = queue.count
 

@@ -4,6 +4,11 @@ RQ's defaults leave a killed worker's job "started" for minutes (DESIGN.md §6).
 RQ noticing: jobs heartbeat in SQL, and every idle worker's maintenance tick (every
 `maintenance_interval_s`) re-enqueues runs whose heartbeat went stale, so a SIGKILLed worker's job is
 re-run by another worker within stale_after_s + maintenance_interval_s + dequeue time.
+
+RQ's loop ends on any error, a lost Redis included, so `run_worker` starts it again until a stop is
+asked for: SIGTERM or SIGINT end an idle worker at once (a busy one after its job, as RQ does; a
+second signal kills the job, which is re-run from SQL). A solve left running when the loop broke is
+waited for, and reaped, before new work is taken: one solve per worker, no defunct work horses.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
 import time
 
@@ -28,6 +34,11 @@ log = logging.getLogger("pipeplan.worker")
 class PipeplanWorker(Worker):
     reconcile_queue: RQQueue | None = None
     settings: Settings | None = None
+    stop_requested = False  # RQ records a stop only when busy; idle, its loop just ends
+
+    def handle_warm_shutdown_request(self) -> None:
+        self.stop_requested = True
+        super().handle_warm_shutdown_request()
 
     def run_maintenance_tasks(self) -> None:
         super().run_maintenance_tasks()
@@ -79,24 +90,66 @@ def wait_for_redis(connection, url: str, give_up_s: float | None = None) -> None
         log.warning("Redis at %s is reachable again", _where(url))
 
 
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs. A zombie (killed, not yet reaped by its parent: a container runtime, a
+    shell) is dead, though signal 0 still reaches it; without /proc, signal 0 decides."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
+
+
 def _clear_stale_name(connection, name: str) -> None:
     """A worker of this host killed without a goodbye leaves its name registered for worker_ttl + 60 s;
-    when that worker's process is gone, record its death so a restart can take the name at once."""
+    when that worker's process is gone, record its death so the name can be taken at once."""
     key = Worker.redis_worker_namespace_prefix + name
     data = connection.hmget(key, ["hostname", "pid", "death"])
     hostname, pid, death = (v.decode() if isinstance(v, bytes) else v for v in data)
-    if hostname is None or death or hostname != socket.gethostname() or not pid:
+    if hostname is None or death or hostname != socket.gethostname() or not pid or not pid.isdigit():
         return
-    try:
-        os.kill(int(pid), 0)
-        if int(pid) != os.getpid():
-            return  # alive: a real second worker with this name
-    except ProcessLookupError:
-        pass
-    except (PermissionError, ValueError):
-        return
+    if _alive(int(pid)):
+        return  # a real second worker with this name
     connection.hset(key, "death", "stale")
     log.info("worker name %s was held by dead pid %s; taken over", name, pid)
+
+
+def _stop_on_signals() -> None:
+    """Outside RQ's loop (waiting for Redis or for a solve, between restarts) SIGTERM and SIGINT end
+    the worker at once; RQ's own handlers, which talk to Redis, are replaced until its loop restarts."""
+    def stop(signum, frame) -> None:
+        log.info("worker stopping on %s", signal.Signals(signum).name)
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
+def _wait_for_horse(worker: Worker) -> None:
+    """A work horse left running when RQ's loop broke (Redis went away mid-job) keeps solving: its
+    state is in SQL. Wait for it before taking new work (one solve per worker) and reap it (no
+    defunct process). A stop meanwhile kills it, as RQ's cold shutdown does; SQL re-runs its job."""
+    pid = worker.horse_pid
+    if not pid:
+        return
+    log.warning("waiting for the running solve (work horse %d) to end before taking new work", pid)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+    except SystemExit:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # the horse leads its own process group (RQ's setpgrp)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        raise
 
 
 def run_worker(settings: Settings, burst: bool = False, name: str | None = None) -> None:
@@ -120,9 +173,14 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
         log.warning("planner.solver not importable yet: %s", exc)
     PipeplanWorker.reconcile_queue = q
     PipeplanWorker.settings = settings
+    restarted: str | None = None  # the name this process's previous loop registered
     while True:
+        _stop_on_signals()
+        worker = None
         try:
             wait_for_redis(q.connection, settings.redis_url)
+            if restarted:  # ours, whatever is left of it (a work horse may have written it after the loss)
+                q.connection.hset(Worker.redis_worker_namespace_prefix + restarted, "death", "restarted")
             if name:
                 _clear_stale_name(q.connection, name)
             worker = PipeplanWorker(
@@ -134,17 +192,18 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
             log.info("worker %s on queue %s (db %s)", worker.name, settings.queue_name,
                      ctx.repo.engine.url.render_as_string(hide_password=True))
             worker.work(burst=burst, logging_level="INFO", with_scheduler=False)
+            _stop_on_signals()
             # RQ's loop quits (and returns) on any error, a lost Redis included: only a stop request
             # or a burst run ends this worker; anything else is waited out and the loop starts again
-            if burst or getattr(worker, "_stop_requested", False):
+            if burst or worker.stop_requested:
                 return
             log.warning("worker %s quit its loop without a stop request; restarting it", worker.name)
-            time.sleep(1.0)
         except _redis_errors() as exc:
             # RQ gives up on the first failed Redis call; a running horse keeps solving (its state is
-            # in SQL) and the reconciler re-runs it if it dies. Wait Redis out and start again.
+            # in SQL). Wait for it, wait Redis out, and start again under the same name.
+            _stop_on_signals()
             log.warning("lost Redis (%s); reconnecting", _first_line(exc))
-            if name:
-                with contextlib.suppress(Exception):
-                    wait_for_redis(q.connection, settings.redis_url)
-                    q.connection.hset(Worker.redis_worker_namespace_prefix + name, "death", "reconnected")
+        if worker is not None:
+            restarted = worker.name
+            _wait_for_horse(worker)
+        time.sleep(1.0)

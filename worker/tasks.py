@@ -12,6 +12,7 @@ over, stops without writing; stored revisions are never lost because each is com
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -24,7 +25,7 @@ from pipeplan.planner.validator import InvalidPlanError
 from pipeplan.service.events import Publisher, job_message, revision_message
 from pipeplan.service.models import CANCELLED, DONE, FAILED, SOLVING
 from pipeplan.service.outcomes import OPTIMAL
-from pipeplan.service.repository import Repository
+from pipeplan.service.repository import EPS_MS, Repository
 
 from pipeplan.settings import Settings, get_settings
 
@@ -54,10 +55,12 @@ def run_job(ctx: WorkerContext, key: str, run_id: str) -> str:
         remaining = max(remaining, min(settings.min_rerun_budget_s, job.budget_s))
     stop = threading.Event()
     reason: dict[str, str] = {}
-    stored: list[int] = []  # revisions this run stored: "no better plan found" is said only when empty
+    improved = 0  # shorter plans this run stored: "no better plan found" is said only when none
+    best_ms = hint.makespan_ms if hint is not None else math.inf
     started = time.monotonic()
 
     def on_improvement(plan: Plan) -> None:
+        nonlocal improved, best_ms
         try:
             revision = repo.store_if_better(key, plan, problem)
         except InvalidPlanError as exc:
@@ -67,7 +70,9 @@ def run_job(ctx: WorkerContext, key: str, run_id: str) -> str:
             log.warning("could not store an improvement for %s: %s", key[:12], exc)
             return
         if revision is not None:
-            stored.append(revision)
+            if plan.makespan_ms < best_ms - EPS_MS:  # a proof of the same makespan improves nothing
+                improved += 1
+            best_ms = min(best_ms, plan.makespan_ms)
             ctx.publisher.publish(key, revision_message(key, revision))
 
     def heartbeat() -> None:
@@ -117,10 +122,13 @@ def run_job(ctx: WorkerContext, key: str, run_id: str) -> str:
     repo.heartbeat(key, run_id, used)
     ended = {} if result is None else {  # a proof means gap 0, not the float noise of makespan - bound
         "outcome": result.outcome, "gap_pct": 0.0 if result.outcome == OPTIMAL else 100.0 * result.gap,
-        "searched_s": job.used_s + result.elapsed_s, "run_improvements": len(stored)}
-    if repo.finish(key, run_id, state, error, **ended):
+        "searched_s": job.used_s + result.elapsed_s, "run_improvements": improved}
+    best = None if result is None else result.plan  # the bound its gap is against (Plan.gap)
+    bound = None if best is None else (best.makespan_ms if result.outcome == OPTIMAL else
+                                       max(best.lower_bound_ms, best.solver_bound_ms or 0.0))
+    if repo.finish(key, run_id, state, error, bound_ms=bound, **ended):
         ctx.publisher.publish(key, job_message(key, state, **ended))
-    if stored:
+    if improved:
         offer_to_frontiers(ctx, key)
     return state
 

@@ -33,6 +33,7 @@ def serve(
         import uvicorn
 
         from pipeplan.service.app import create_app
+        from pipeplan.service.read_timeouts import PROTOCOL
     except ModuleNotFoundError as exc:
         _needs_server_extra(exc)
     settings = _settings(host=host, port=port)
@@ -61,10 +62,10 @@ def serve(
             fail("PIPEPLAN_HTTP_WORKERS > 1 needs PIPEPLAN_REDIS_URL: processes must share the queue and events")
         # Each process builds its own app from the same environment (Settings()), via service.asgi.
         uvicorn.run("pipeplan.service.asgi:app_from_env", factory=True, host=settings.host, port=settings.port,
-                    workers=settings.http_workers, log_level=log_level, timeout_graceful_shutdown=3)
+                    workers=settings.http_workers, log_level=log_level, timeout_graceful_shutdown=3, http=PROTOCOL)
         return
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level=log_level,
-                            timeout_graceful_shutdown=3, lifespan="on")
+                            timeout_graceful_shutdown=3, lifespan="on", http=PROTOCOL)
     server = uvicorn.Server(config)
     server.run()
     if not server.started:
