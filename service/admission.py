@@ -1,9 +1,10 @@
 """Admission control: how much one API process takes on at once, and what it says beyond that.
 
 Three gates, all sized in the settings object: heavy POSTs (a first plan computed) share a few slots
-and wait at most `admission_wait_s` for one (then 503 with Retry-After); SSE streams and long-polls
-are counted against `max_streams` (503 beyond, instead of letting 13,000 idle streams slow every
-GET); writes may be rate limited per API key, or per client address without keys (429).
+and wait at most `admission_wait_s` for one (then 503 with Retry-After), a frontier request first
+takes one of its own few; SSE streams and long-polls are counted against `max_streams` (503 beyond,
+instead of letting 13,000 idle streams slow every GET); writes may be rate limited per API key, or
+per client address without keys (429).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Admission:
         self.settings = settings
         self.heavy = asyncio.Semaphore(settings.max_expensive_requests)
         self.heavy_running = 0
+        self.frontiers = 0  # frontier requests computing (frontier_slot)
         self.streams = 0
         self._buckets: dict[str, tuple[float, float]] = {}  # identity -> (tokens, last refill)
 
@@ -48,6 +50,21 @@ class Admission:
         finally:
             self.heavy_running -= 1
             self.heavy.release()
+
+    @contextlib.asynccontextmanager
+    async def frontier_slot(self) -> AsyncIterator[None]:
+        """One of `max_frontier_requests`, refused at once beyond them (each holds its slot for up to
+        `frontier_timeout_s`, so waiting would rarely help), then a heavy slot shared with first plans:
+        frontiers hold at most `max_frontier_requests` of those."""
+        if self.frontiers >= self.settings.max_frontier_requests:
+            raise unavailable(f"the server is computing {self.frontiers} frontier(s) already; retry later",
+                              self.settings.retry_after_s)
+        self.frontiers += 1
+        try:
+            async with self.heavy_slot():
+                yield
+        finally:
+            self.frontiers -= 1
 
     @contextlib.contextmanager
     def stream_slot(self) -> Iterator[None]:
