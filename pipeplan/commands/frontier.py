@@ -157,10 +157,10 @@ def frontier_cmd(
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="CP-SAT workers per solve.")] = None,
     title: Annotated[str | None, typer.Option("--title", help="Title of the plot.")] = None,
 ) -> None:
-    """Draw iteration time against memory per GPU, and answer its two queries.
+    """Chart iteration time against memory per GPU.
 
     The curve runs from the least memory any schedule needs to where the unlimited-memory optimum
-    fits, with every peer schedule at its own peak memory."""
+    fits, with every peer schedule at its own peak memory; --target-ms and --budget-gib query it."""
     from pipeplan.planner.frontier import BUDGET_MODES, compute_frontier
 
     if budgets not in BUDGET_MODES:
