@@ -323,7 +323,8 @@ class ChartWindow:
 
 def chart_window(doc: dict[str, Any], reach: float = 0.25) -> ChartWindow:
     """The window of a frontier document: its points' budgets and makespans (bounds included), and
-    whatever lies within `reach` of that span beyond them."""
+    the peers within `reach` of that span beyond them (in time, at least 15% slower than the slowest
+    point: 1F1B beside a flat curve is worth the room, a serialized 4x is not)."""
     pts = doc["points"]
     xs = [p["budget_mib"] for p in pts]
     ys = [p["makespan_ms"] for p in pts] + [p["bound_ms"] for p in pts]
@@ -333,7 +334,8 @@ def chart_window(doc: dict[str, Any], reach: float = 0.25) -> ChartWindow:
     def near_x(x: float) -> bool:
         return x_lo - reach * dx <= x <= x_hi + reach * dx
 
-    peers = [q for q in doc["peers"] if near_x(q["budget_mib"]) and q["makespan_ms"] <= y_hi + reach * dy]
+    slowest = y_hi + max(reach * dy, 0.15 * y_hi)
+    peers = [q for q in doc["peers"] if near_x(q["budget_mib"]) and q["makespan_ms"] <= slowest]
     off = [q for q in doc["peers"] if q not in peers]
     hbm = doc.get("hbm_mib")
     hbm = hbm if hbm is not None and near_x(hbm) else None

@@ -70,7 +70,7 @@ def frontier_figure(doc: dict[str, Any], title: str | None = None) -> Figure:
         ax.spines[spine].set_visible(False)
     ax.grid(alpha=0.25)
     if note:
-        fig.text(0.01, 0.01, textwrap.fill(note, 150), fontsize=7.5, color="0.3", va="bottom")
+        fig.text(0.01, 0.01, textwrap.fill(note, 180), fontsize=7.5, color="0.3", va="bottom")
     fig.tight_layout(rect=(0, 0.05 if note else 0, 1, 1))
     return fig
 
