@@ -38,6 +38,19 @@ def memory_text(mib: float, gib: bool) -> str:
     return f"{mib / 1024:.1f} GiB" if gib else f"{mib:.1f} MiB"
 
 
+def transfers_text(plan: Plan) -> str:
+    """What a plan's transfers cost (docs/transfers.md): offloaded GiB, the most pinned host memory
+    on one device, recompute time."""
+    host = max(plan.host_memory_mib or [0.0])
+    return (f"offloads {_amount((plan.offloaded_mib or 0.0) / 1024)} GiB (host {_amount(host / 1024)} GiB),"
+            f" recomputes {_amount(plan.recompute_ms or 0.0)} ms")
+
+
+def _amount(x: float) -> str:
+    """Three significant digits without an exponent: 1,150 / 137 / 35.9 / 0.25."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def in_gib(problem: Problem) -> bool:
     """Whether the user gave this problem's memory in GiB: a problem converted from a spec (its
     metadata names the cost model) was budgeted in GiB (memory_budget_gib, or the GPU's memory); a

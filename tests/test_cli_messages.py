@@ -1,10 +1,12 @@
-"""What a user reads in the first hour (issue 38, item 8): a budget refused in the unit it was given
-in, one wording for one infeasibility, help without stray types or cut sentences, one line about
-torch's peers on a base install, transfer volumes without exponents."""
+"""What a user reads in the first hour (issue 38, items 8 and 9): a budget refused in the unit it was
+given in, one wording for one infeasibility, help without stray types or cut sentences, one line
+about torch's peers on a base install, transfer volumes without exponents, and a README tour that
+plans under a real memory limit."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +75,24 @@ def test_transfer_volumes_are_printed_without_exponents():
     plan = SimpleNamespace(offloaded_mib=1133.5 * 1024, host_memory_mib=[35.9 * 1024], recompute_ms=1234.5)
     assert _transfers("pipeoffload", plan) == \
         "pipeoffload offloads 1,134 GiB (host 35.9 GiB), recomputes 1,234 ms"
+
+
+def test_the_readme_tour_plans_under_a_memory_limit_where_offload_and_recompute_are_at_work():
+    from pipeplan.planner.baselines import DoesNotFit, best_heuristic, run_baseline
+    from pipeplan.planner.documents import problem_from_document
+    from pipeplan.planner.validator import validate_plan
+
+    tour = (ROOT / "README.md").read_text().split("## A first plan from the command line")[1].split("\n## ")[0]
+    spec_path = re.search(r"examples/specs/\S+?\.json", tour).group(0)
+    spec = json.loads((ROOT / spec_path).read_text())
+    assert '"memory_budget_gib"' in tour and spec["training"]["memory_budget_gib"] < 79.6
+    problem = problem_from_document(spec)
+    for name in ("1f1b", "zb-h1"):  # the limit binds: what keeps every activation on the GPU does not fit
+        try:
+            run_baseline(problem, name)
+            raise AssertionError(f"{name} fits {spec_path}: the tour would show no memory planning")
+        except DoesNotFit:
+            pass
+    assert run_baseline(problem, "pipeoffload").offloaded_mib > 0
+    plan = best_heuristic(problem)
+    assert validate_plan(problem, plan) == [] and plan.recompute_ms > 0

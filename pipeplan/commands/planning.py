@@ -25,6 +25,7 @@ from pipeplan.io import (
     load_plan,
     load_problem,
     memory_text,
+    transfers_text,
     write_bytes,
     write_json,
     write_text,
@@ -244,16 +245,7 @@ def compare_cmd(
 
 
 def _transfers(name: str, plan: Plan) -> str:
-    """What a plan's transfers cost (docs/transfers.md): offloaded GiB, the most pinned host memory
-    on one device, recompute time."""
-    host = max(plan.host_memory_mib or [0.0])
-    return (f"{name} offloads {_amount((plan.offloaded_mib or 0.0) / 1024)} GiB (host {_amount(host / 1024)} GiB),"
-            f" recomputes {_amount(plan.recompute_ms or 0.0)} ms")
-
-
-def _amount(x: float) -> str:
-    """Three significant digits without an exponent: 1,150 / 137 / 35.9 / 0.25."""
-    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+    return f"{name} {transfers_text(plan)}"
 
 
 def render_cmd(

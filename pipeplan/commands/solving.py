@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from pipeplan.io import fail, in_gib, infeasible_memory, load_problem, write_json
+from pipeplan.io import fail, in_gib, infeasible_memory, load_problem, transfers_text, write_json
 
 
 def _progress(started: float, lower: float):
@@ -64,9 +64,10 @@ def solve_cmd(
     # the service's words (service.outcomes): a spent budget never reads as a proof. The solver's
     # improvement count includes the seeds, so "no better plan found" is left to the service's jobs.
     verdict = describe(result.outcome, 100 * plan.gap, result.elapsed_s)
+    copies = f"; per iteration it {transfers_text(plan)}" if plan.offloaded_mib or plan.recompute_ms else ""
     typer.echo(f"done in {result.elapsed_s:.2f}s: {verdict}; makespan {plan.makespan_ms:.4f} ms, bound"
                f" {bound:.4f} ms, first plan after {result.time_to_first_s:.2f}s,"
-               f" engine {result.engine}, seeded by {result.seed_method}", err=True)
+               f" engine {result.engine}, seeded by {result.seed_method}{copies}", err=True)
     write_json(plan, out)
 
 
