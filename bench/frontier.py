@@ -8,6 +8,13 @@ memory per GPU) and how close it is to a denser sweep of budgets.
 A case is a suite name or a spec file (the issue-38 cases: examples/specs/llama3_8b_8xh100_40gib.json,
 examples/specs/phi3_mini_8xh100_15gib.json).
 
+    .venv/bin/python bench/frontier.py --first-plans 8x32x12,8x32x64,16x64x12,16x64x40,32x128x4
+
+times what POST /v1/frontiers computes in its child (service.frontier_store.first_points, without
+storing): budgets placed with the service's cheap first plans and every point's first plan, for
+P x M x points on a synthetic problem with room for 8 activations per device and offload allowed;
+`frontier_max_ops` is sized from it.
+
 Closeness: the dense sweep solves `--dense` evenly spaced budgets over the same range with the same
 time per point; at each dense budget we compare the 12-point curve's value there (its largest point at
 or below) with the dense solve, and report the worst and mean excess in %. Offload and recompute are
@@ -52,6 +59,33 @@ def dense_excess(problem, fr, dense: int, time_limit: float, workers: int) -> tu
     return max(excess), sum(excess) / len(excess)
 
 
+def first_plans(sizes: str, markdown: bool) -> None:
+    from pipeplan.planner.contract import Device, Options, Problem, Stage
+    from pipeplan.planner.frontier import PUBLISHED_PEERS, heuristic_points
+    from pipeplan.service.frontier_store import SETUP_POINTS
+    from pipeplan.service.inline import first_plan, ops_of
+    from pipeplan.settings import Settings
+
+    s = Settings()
+    head = ["P", "M", "points", "(points + 8) x ops", "first plans (s)", "points placed"]
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head) if markdown else "\t".join(head))
+    for size in sizes.split(","):
+        devices, microbatches, points = (int(x) for x in size.split("x"))
+        stages = [Stage(device=d, forward_ms=1.0, backward_input_ms=1.2, backward_weight_ms=0.8, offload_ms=0.6,
+                        activation_mib=512.0, weight_grad_mib=128.0) for d in range(devices)]
+        problem = Problem(num_devices=devices, num_microbatches=microbatches, p2p_ms=0.05,
+                          options=Options(split_backward=True, offload=True), stages=stages,
+                          devices=[Device(memory_limit_mib=8000.0 + 640.0 * 8, static_mib=8000.0)] * devices,
+                          metadata={"bench": f"frontier-{size}"})
+        t0 = time.monotonic()
+        _, placed = heuristic_points(problem, points, "uniform",
+                                     lambda sub, key: first_plan(sub, key, s.inline_greedy_s, s.inline_greedy_max_s),
+                                     PUBLISHED_PEERS)
+        cells = [str(devices), str(microbatches), str(points), f"{(points + SETUP_POINTS) * ops_of(problem):,}",
+                 f"{time.monotonic() - t0:.1f}", str(len(placed))]
+        print("| " + " | ".join(cells) + " |" if markdown else "\t".join(cells), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=DEFAULT_CASES)
@@ -60,8 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dense", type=int, default=24, help="budgets of the dense sweep (0: skip)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--budgets", default="uniform", help="uniform (one cap per GPU) or scaled")
+    ap.add_argument("--first-plans", help="PxMxPOINTS,...: time the service's first plans instead")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
+    if args.first_plans:
+        first_plans(args.first_plans, args.markdown)
+        return 0
     head = ["case", "points", "time to frontier (s)", "GiB/GPU range", "peer points dominated",
             "margin at peers' memory (min / median / max %)", "vs dense sweep (worst / mean % slower)"]
     print("| " + " | ".join(head) + " |" if args.markdown else "\t".join(head))

@@ -121,7 +121,7 @@ class Settings(BaseSettings):
     frontier_max_ops: int = Field(
         196_608, ge=0, description="Largest frontier request: (points + 8) x the problem's ops, its first plans'"
         " work (the setup costs about 8 points). The default admits P=32 M=128 with 4 points, P=16 M=64 with"
-        " 40, P=8 M=32 with 64, each within about 40 s on 2 cores.")
+        " 40, P=8 M=32 with 64: about 30 s each on 2 loaded cores (bench/frontier.py --first-plans).")
     frontier_timeout_s: float = Field(
         120.0, gt=0, description="Time box of a frontier request's first plans, computed in their own process;"
         " it is killed beyond this (503) or when the client leaves.")
