@@ -64,6 +64,7 @@ def first_plans(sizes: str, markdown: bool) -> None:
     from pipeplan.planner.frontier import PUBLISHED_PEERS, heuristic_points
     from pipeplan.service.frontier_store import SETUP_POINTS
     from pipeplan.service.inline import first_plan, ops_of
+
     from pipeplan.settings import Settings
 
     s = Settings()
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             worst, mean = dense_excess(problem, fr, args.dense, args.time_limit, args.workers)
             closeness = f"{worst:.2f} / {mean:.2f}"
         lo, hi = fr.points[0].budget_mib / 1024, fr.points[-1].budget_mib / 1024
-        cells = [Path(name).stem if name.endswith(".json") else name, str(len(fr.points)), f"{took:.0f}", f"{lo:.1f}–{hi:.1f}", f"{beaten}/{len(dom)}",
+        label = Path(name).stem if name.endswith(".json") else name
+        cells = [label, str(len(fr.points)), f"{took:.0f}", f"{lo:.1f}–{hi:.1f}", f"{beaten}/{len(dom)}",
                  f"{margins[0]:.1f} / {med:.1f} / {margins[-1]:.1f}" if margins else "-", closeness]
         print("| " + " | ".join(cells) + " |" if args.markdown else "\t".join(cells), flush=True)
     return 0

@@ -14,8 +14,9 @@ that fits) and keeps the fastest; bounds go the other way (a bound at a larger b
 smaller one). Peers (the published schedules, torch's generators) sit at their own peak memory; a
 point is placed at each peer's budget, so the frontier dominates them by construction.
 
-Pure: no I/O; progress goes to a callback. The solver is injected (`solve_fn`) so the service can
-choose points with the cheap heuristic and leave the solving to its workers.
+Pure: no I/O; progress goes to a callback. The solver is injected (`solve_fn`; `plan_fn` in
+heuristic_points) so the service can place points with its cheap first plans and leave the solving to
+its workers.
 """
 
 from __future__ import annotations

@@ -35,6 +35,8 @@ from .state import ServiceState
 
 router = APIRouter(prefix="/v1", tags=["frontiers"])
 GIB = 1024.0
+
+
 class FrontierRequest(BaseModel):
     """Exactly one of `problem` or `spec`; how many points; each point's refine budget."""
 
