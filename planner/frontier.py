@@ -95,7 +95,7 @@ class Budgets:
             memory = device_memory(problem)
             if memory is None and peak_mib is None:
                 raise ValueError("the problem names no GPU memory and no limit: give the unlimited peak")
-            unit = memory[0] if memory is not None else max(peak_mib or [1.0])
+            unit = memory[0] if memory is not None else max(max(peak_mib or [0.0]), 1.0)
             return cls("uniform", [0.0] * n, [unit] * n)
         statics = [d.static_mib for d in problem.devices]
         limits = [problem.limit_of(d) for d in range(n)]

@@ -78,6 +78,16 @@ def test_monotone_envelope_and_queries():
     assert view.fastest(2.5 * 1024).doc["makespan_ms"] == 7.0 and view.fastest(512.0) is None
 
 
+def test_documents_from_before_budget_modes_read_as_scaled():
+    """Frontiers stored before budgets had modes carry only free_mib and static_mib."""
+    old = {"problem_key": "k", "free_mib": [100.0, 300.0], "static_mib": [50.0, 10.0], "factor_min": 0.5,
+           "factor_max": 1.0, "unlimited_makespan_ms": 5.0, "peers": [],
+           "points": [{"factor": 1.0, "budget_mib": 310.0, "makespan_ms": 5.0}]}
+    view = view_of(old)
+    assert view.budgets.mode == "scaled" and view.budgets.limits(0.5) == [100.0, 160.0]
+    assert view.fastest(310.0).makespan_ms == 5.0 and view.hbm is None
+
+
 def test_cli_writes_frontier_plot_and_answers_both_queries(tmp_path):
     problem = make_problem(devices=2, microbatches=4, offload=True, limit_mib=4000.0, tag="cli")
     src = tmp_path / "p.json"
