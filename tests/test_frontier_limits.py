@@ -22,8 +22,8 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def test_a_frontier_too_large_for_the_server_is_refused_at_once(tmp_path):
-    proc, base = start_server(tmp_path, data_dir=tmp_path, embedded_workers=0)
+def test_a_frontier_too_large_for_the_server_is_refused_at_once_and_frontiers_are_rate_limited(tmp_path):
+    proc, base = start_server(tmp_path, data_dir=tmp_path, embedded_workers=0, write_rate_per_min=3)
     try:
         big = make_problem(devices=32, microbatches=128, offload=True, limit_mib=8000.0)  # 16,384 ops
         t0 = time.monotonic()
@@ -32,6 +32,11 @@ def test_a_frontier_too_large_for_the_server_is_refused_at_once(tmp_path):
         assert r.json()["message"].startswith("points: 64 points on a problem of 16,384 ops")
         assert "at most 4 points fit this problem" in r.json()["message"]
         assert time.monotonic() - t0 < 2.0
+        # every frontier request is a write: the rate limit counts it (the refused one above too)
+        doc = problem_doc(make_problem(devices=2, microbatches=4, offload=True, limit_mib=4000.0, tag="rate"))
+        codes = [httpx.post(f"{base}/v1/frontiers", json={"problem": doc, "points": 2}, timeout=60) for _ in range(3)]
+        assert [c.status_code for c in codes[:2]] == [201, 200], [c.text for c in codes]
+        assert codes[2].status_code == 429 and int(codes[2].headers["retry-after"]) >= 1, codes[2].text
     finally:
         proc.stop()
 
@@ -64,16 +69,5 @@ def test_frontier_first_plans_run_in_a_time_boxed_child_one_frontier_at_a_time(t
         points = ok.json()["frontier"]["points"]
         assert len(points) >= 3 and all(httpx.get(f"{base}/v1/plans/{p['problem_key']}").status_code == 200
                                         for p in points)
-    finally:
-        proc.stop()
-
-
-def test_frontier_requests_count_against_the_write_rate_limit(tmp_path):
-    proc, base = start_server(tmp_path, data_dir=tmp_path, embedded_workers=0, write_rate_per_min=2)
-    try:
-        doc = problem_doc(make_problem(devices=2, microbatches=4, offload=True, limit_mib=4000.0, tag="rate"))
-        codes = [httpx.post(f"{base}/v1/frontiers", json={"problem": doc, "points": 2}, timeout=60) for _ in range(3)]
-        assert [c.status_code for c in codes[:2]] == [201, 200], [c.text for c in codes]
-        assert codes[2].status_code == 429 and int(codes[2].headers["retry-after"]) >= 1, codes[2].text
     finally:
         proc.stop()
