@@ -15,6 +15,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 # Each module registers its own commands; a module whose optional dependencies are missing still

@@ -34,6 +34,49 @@ def infeasible(message: str) -> NoReturn:
     fail(f"infeasible: {message}", EXIT_BAD_INPUT)
 
 
+def memory_text(mib: float, gib: bool) -> str:
+    return f"{mib / 1024:.1f} GiB" if gib else f"{mib:.1f} MiB"
+
+
+def transfers_text(plan: Plan) -> str:
+    """What a plan's transfers cost (docs/transfers.md): offloaded GiB, the most pinned host memory
+    on one device, recompute time."""
+    host = max(plan.host_memory_mib or [0.0])
+    return (f"offloads {_amount((plan.offloaded_mib or 0.0) / 1024)} GiB (host {_amount(host / 1024)} GiB),"
+            f" recomputes {_amount(plan.recompute_ms or 0.0)} ms")
+
+
+def _amount(x: float) -> str:
+    """Three significant digits without an exponent: 1,150 / 137 / 35.9 / 0.25."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def in_gib(problem: Problem) -> bool:
+    """Whether the user gave this problem's memory in GiB: a problem converted from a spec (its
+    metadata names the cost model) was budgeted in GiB (memory_budget_gib, or the GPU's memory); a
+    problem document is written in MiB."""
+    return "costmodel" in problem.metadata
+
+
+def infeasible_memory(needed_mib: list[float], limits_mib: list[float], gib: bool) -> NoReturn:
+    """Every command's words for a budget below what any schedule needs (planner.bounds.
+    MemoryInfeasibleError's figures): the short devices, consecutive ones with the same figures
+    together, and the least memory per GPU, in the unit the budget was given in."""
+    groups: list[list[tuple[int, str, str]]] = []
+    for d, (need, limit) in enumerate(zip(needed_mib, limits_mib)):
+        if need <= limit + 1e-9:
+            continue
+        row = (d, memory_text(need, gib), memory_text(limit, gib))
+        if groups and groups[-1][-1][0] == d - 1 and groups[-1][-1][1:] == row[1:]:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    parts = [f"device {g[0][0]} needs at least {g[0][1]} but its limit is {g[0][2]}" if len(g) == 1 else
+             f"devices {g[0][0]}-{g[-1][0]} need at least {g[0][1]} but their limit is {g[0][2]}" for g in groups]
+    infeasible("; ".join(parts) + f"; any schedule needs at least {memory_text(max(needed_mib), gib)} per GPU,"
+               " whatever the order, offload or recompute")
+
+
 def read_json(path: Path) -> Any:
     path = Path(path)
     try:

@@ -118,6 +118,16 @@ class Settings(BaseSettings):
         2, ge=1, description="Heavy POSTs (a first plan computed) running at once per process.")
     admission_wait_s: float = Field(
         10.0, ge=0, description="How long a heavy POST waits for a free slot before 503 with Retry-After.")
+    frontier_max_ops: int = Field(
+        196_608, ge=0, description="Largest frontier request: (points + 8) x the problem's ops, its first plans'"
+        " work (the setup costs about 8 points). The default admits P=32 M=128 with 4 points, P=16 M=64 with"
+        " 40, P=8 M=32 with 64: about 30 s each on 2 loaded cores (bench/frontier.py --first-plans).")
+    frontier_timeout_s: float = Field(
+        120.0, gt=0, description="Time box of a frontier request's first plans, computed in their own process;"
+        " it is killed beyond this (503) or when the client leaves.")
+    max_frontier_requests: int = Field(
+        1, ge=1, description="Frontier requests computing at once per process (each also takes a heavy slot);"
+        " more get 503 with Retry-After at once.")
     max_streams: int = Field(
         1000, ge=1, description="Open SSE streams plus long-polls per process; more get 503 with Retry-After.")
     write_rate_per_min: float = Field(

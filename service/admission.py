@@ -1,11 +1,11 @@
 """Admission control: how much one API process takes on at once, and what it says beyond that.
 
-Four gates, all sized in the settings object: heavy POSTs (a first plan computed) share a few slots
-and wait at most `admission_wait_s` for one (then 503 with Retry-After); SSE streams and long-polls
-are counted against `max_streams` (503 beyond, instead of letting 13,000 idle streams slow every
-GET); writes may be rate limited per identity (429); and one identity may have at most
-`max_queued_solve_s` of solving queued or running (429), so one client's backlog cannot fill the
-workers' next hours.
+Five gates, all sized in the settings object: heavy POSTs (a first plan computed) share a few slots
+and wait at most `admission_wait_s` for one (then 503 with Retry-After), and a frontier request first
+takes one of its own few; SSE streams and long-polls are counted against `max_streams` (503 beyond,
+instead of letting 13,000 idle streams slow every GET); writes may be rate limited per identity (429);
+and one identity may have at most `max_queued_solve_s` of solving queued or running (429), so one
+client's backlog cannot fill the workers' next hours.
 
 An identity is what the server verified: a configured API key (its digest), else the client address.
 A key the server does not know is no identity: without configured keys, a fresh random `X-API-Key`
@@ -35,6 +35,7 @@ class Admission:
         self.settings = settings
         self.heavy = asyncio.Semaphore(settings.max_expensive_requests)
         self.heavy_running = 0
+        self.frontiers = 0  # frontier requests computing (frontier_slot)
         self.streams = 0
         self._buckets: dict[str, tuple[float, float]] = {}  # identity -> (tokens, last refill)
 
@@ -56,6 +57,21 @@ class Admission:
         finally:
             self.heavy_running -= 1
             self.heavy.release()
+
+    @contextlib.asynccontextmanager
+    async def frontier_slot(self) -> AsyncIterator[None]:
+        """One of `max_frontier_requests`, refused at once beyond them (each holds its slot for up to
+        `frontier_timeout_s`, so waiting would rarely help), then a heavy slot shared with first plans:
+        frontiers hold at most `max_frontier_requests` of those."""
+        if self.frontiers >= self.settings.max_frontier_requests:
+            raise unavailable(f"the server is computing {self.frontiers} frontier(s) already; retry later",
+                              self.settings.retry_after_s)
+        self.frontiers += 1
+        try:
+            async with self.heavy_slot():
+                yield
+        finally:
+            self.frontiers -= 1
 
     @contextlib.contextmanager
     def stream_slot(self) -> Iterator[None]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse
+from pipeplan.planner.frontier import chart_window, off_chart_note, x_label
 
 from .dashboard import PREFIX, _ctx, _repo, gated, templates
 from .dashboard_views import _n, _tick_label, _ticks, nice_step
@@ -21,7 +22,7 @@ from .frontier_store import FrontierStore
 router = APIRouter(prefix=PREFIX, tags=["dashboard"], include_in_schema=False)
 
 GIB = 1024.0
-CURVE, BAND, PEER = "#4e79a7", "#a0cbe8", "#e15759"
+CURVE, BAND, PEER, BEYOND = "#4e79a7", "#a0cbe8", "#e15759", "#b07aa1"
 SHAPES = ("circle", "square", "diamond", "triangle")
 
 
@@ -38,17 +39,18 @@ def _marker(shape: str, x: float, y: float, tip: str) -> str:
 
 def frontier_svg(doc: dict[str, Any], width: int = 1000, height: int = 460) -> str:
     """Step curve of makespan against GiB per GPU, the band down to each point's proven bound, the
-    peers as hollow markers (hover: name and figures); each point is a link to its plan page."""
+    GPU's memory as a line with the points beyond it flagged, the peers near the curve as hollow
+    markers (hover: name and figures; the others are listed by the page); each point links to its
+    plan page. Axes: planner.frontier.chart_window, as the CLI's plot."""
     points = sorted(doc["points"], key=lambda p: p["factor"])
-    peers = doc.get("peers", [])
+    win = chart_window(doc)
+    peers = win.peers
     xs = [p["budget_mib"] / GIB for p in points]
-    x_hi = max(xs + [q["budget_mib"] / GIB for q in peers]) * 1.03
-    x_lo = min(xs) * 0.97
+    x_lo, x_hi = win.x_mib[0] / GIB, win.x_mib[1] / GIB
     ms = [p["makespan_ms"] for p in points]
     lb = [p["bound_ms"] for p in points]
-    y_hi = min(max(ms + [q["makespan_ms"] for q in peers]), max(ms) * 1.6) * 1.03
-    y_lo = min(lb) * 0.97
-    left, right, top, bottom = 70, 20, 20, 42
+    y_lo, y_hi = win.y_ms
+    left, right, top, bottom = 70, 230, 20, 42
     cw, ch = width - left - right, height - top - bottom
 
     def x_of(v: float) -> float:
@@ -67,9 +69,16 @@ def frontier_svg(doc: dict[str, Any], width: int = 1000, height: int = 460) -> s
                      f'{_tick_label(v, ystep)}</text>')
     for v in _ticks(x_lo, x_hi, 8):
         parts.append(f'<text class="tick" x="{_n(x_of(v))}" y="{height - 24}">{_tick_label(v, xstep)}</text>')
-    parts.append(f'<text class="unit" x="{left + cw}" y="{height - 6}" text-anchor="end">memory budget per GPU'
-                 f' (GiB, largest device limit)</text><text class="unit" x="{left - 6}" y="{top - 6}"'
-                 f' text-anchor="end">ms</text>')
+    parts.append(f'<text class="unit" x="{left + cw}" y="{height - 6}" text-anchor="end">{escape(x_label(doc))}'
+                 f'</text><text class="unit" x="{left - 6}" y="{top - 6}" text-anchor="end">ms</text>')
+    if win.hbm_mib is not None:
+        hx = _n(x_of(win.hbm_mib / GIB))
+        label = f"GPU memory {win.hbm_mib / GIB:.1f} GiB ({doc.get('hbm_of')})"
+        parts.append(f'<g class="hbm"><rect x="{hx}" y="{top}" width="{_n(left + cw - x_of(win.hbm_mib / GIB))}"'
+                     f' height="{ch}" fill="#888" fill-opacity="0.08"/><line x1="{hx}" x2="{hx}" y1="{top}"'
+                     f' y2="{top + ch}" stroke="#444" stroke-width="1.2" stroke-dasharray="2 3"/>'
+                     f'<text class="unit" style="text-anchor:end" x="{_n(x_of(win.hbm_mib / GIB) - 4)}"'
+                     f' y="{top + ch - 6}">{escape(label)}</text></g>')
     edges = [x_of(x) for x in xs] + [left + cw]
     step = [f"M{_n(edges[0])},{_n(y_of(ms[0]))}"]
     for i in range(len(points)):
@@ -87,18 +96,27 @@ def frontier_svg(doc: dict[str, Any], width: int = 1000, height: int = 460) -> s
         parts.append(f'<g class="peer" data-peer="{escape(q["name"], quote=True)}">'
                      + _marker(shape, x_of(q["budget_mib"] / GIB), y_of(q["makespan_ms"]), tip) + "</g>")
     for i, p in enumerate(points):
+        beyond = p.get("beyond_hbm")
         tip = (f'point {i + 1}: {p["makespan_ms"]:.2f} ms (bound {p["bound_ms"]:.2f}) at'
-               f' {p["budget_mib"] / GIB:.2f} GiB per GPU, {p.get("method", "")}')
-        parts.append(f'<a class="point" href="/dashboard/plans/{p["problem_key"]}"><circle cx="{_n(edges[i])}"'
-                     f' cy="{_n(y_of(ms[i]))}" r="5.5" fill="{CURVE}"><title>{escape(tip)}</title></circle></a>')
-    lx, ly = left + cw - 250, top + 8
-    parts.append(f'<rect x="{lx}" y="{ly - 6}" width="14" height="10" fill="{BAND}"/><text class="unit"'
+               f' {p["budget_mib"] / GIB:.2f} GiB per GPU{", beyond the GPU" + chr(39) + "s memory" if beyond else ""},'
+               f' {p.get("method", "")}')
+        look = f'fill="white" stroke="{BEYOND}" stroke-width="2.5"' if beyond else f'fill="{CURVE}"'
+        parts.append(f'<a class="point{" beyond-hbm" if beyond else ""}" href="/dashboard/plans/{p["problem_key"]}">'
+                     f'<circle cx="{_n(edges[i])}" cy="{_n(y_of(ms[i]))}" r="5.5" {look}><title>{escape(tip)}'
+                     '</title></circle></a>')
+    lx, ly = left + cw + 16, top + 8  # the legend beside the plot, never over a point
+    start = 'class="unit" style="text-anchor:start"'
+    parts.append(f'<rect x="{lx}" y="{ly - 6}" width="14" height="10" fill="{BAND}"/><text {start}'
                  f' x="{lx + 20}" y="{ly + 3}">gap to the proven bound</text>'
                  f'<line x1="{lx}" x2="{lx + 14}" y1="{ly + 19}" y2="{ly + 19}" stroke="{CURVE}" stroke-width="2.5"/>'
-                 f'<text class="unit" style="text-anchor:start" x="{lx + 20}" y="{ly + 23}">pipeplan frontier (click a point)</text>')
-    for j, (name, shape) in enumerate(shapes.items()):
+                 f'<text {start} x="{lx + 20}" y="{ly + 23}">pipeplan frontier (click a point)</text>')
+    keys = [(_marker(shape, lx + 7, 0, name), name) for name, shape in shapes.items()]
+    if any(p.get("beyond_hbm") for p in points):
+        keys.insert(0, (f'<circle cx="{lx + 7}" cy="0" r="5" fill="white" stroke="{BEYOND}" stroke-width="2.5"/>',
+                        "beyond the GPU's memory"))
+    for j, (mark, name) in enumerate(keys):
         y = ly + 40 + 16 * j
-        parts.append(_marker(shape, lx + 7, y - 3, name) + f'<text class="unit" style="text-anchor:start" x="{lx + 20}" y="{y + 1}">'
+        parts.append(f'<g transform="translate(0,{y - 3})">{mark}</g><text {start} x="{lx + 20}" y="{y + 1}">'
                      f'{escape(name)}</text>')
     parts.append("</svg>")
     return "".join(parts)
@@ -106,10 +124,11 @@ def frontier_svg(doc: dict[str, Any], width: int = 1000, height: int = 460) -> s
 
 @router.get("/frontiers/{key}", response_class=HTMLResponse, dependencies=gated)
 def frontier_page(request: Request, key: str) -> HTMLResponse:
-    doc = FrontierStore(_repo(request)).curve(key) if len(key) == 64 else None
+    doc = FrontierStore.of(_repo(request)).curve(key) if len(key) == 64 else None
     if doc is None:
         raise HTTPException(404, f"no frontier {key}")
     rows = sorted(doc["points"], key=lambda p: p["factor"])
     return templates.TemplateResponse(request, "dashboard/frontier.html", _ctx(
         request, key=key, doc=doc, points=rows, svg=frontier_svg(doc), gib=GIB,
+        off_chart=off_chart_note(chart_window(doc).off_chart),
         dominated=sum(1 for d in doc["dominance"] if d["dominated"]), dominance=doc["dominance"]))

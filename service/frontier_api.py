@@ -1,32 +1,34 @@
 """/v1/frontiers: request a time-memory frontier, read its curve, follow it, and query it.
 
-POST fixes the budgets inline (peers, the unlimited-memory heuristic, adaptive points probed with the
-best heuristic: a second or two) and stores each point as an ordinary cached plan under its own
-problem key, with one ordinary refine job per point on the shared queue, so several workers share
-one frontier. Revision 1 of each point is already the best of its heuristic, every smaller point's
-plan and every peer that fits (monotone from the first answer); workers then offer each finished
-point's plan to the larger ones (service.frontier_store.propagate).
+POST places the budgets and computes every point's first plan (peers, the unlimited-memory first
+plan, adaptive points probed with the service's cheap first plan), in a killable child process with
+a time box, holding an admission slot, and only for requests within `frontier_max_ops`. Each point is
+stored as an ordinary cached plan under its own problem key, with one ordinary refine job per point on
+the shared queue, so several workers share one frontier. Revision 1 of each point is already the
+best of its first plan, the next smaller point's plan and every peer that fits (monotone from the
+first answer); workers then offer each finished point's plan to the larger ones
+(service.frontier_store.propagate).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pipeplan.planner.bounds import MemoryInfeasibleError
-from pipeplan.planner.contract import Limits, Plan, Problem
+from pipeplan.planner.contract import Problem
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from . import inline
-from .admission import stream_admitted
+from .admission import rate_limited, stream_admitted
 from .api import KEY_RE, enqueue, refine_budget, state_of
 from .errors import ApiError
 from .events import ALL
-from .frontier_store import FrontierStore, frontier_key
+from .frontier_store import FrontierStore, check_size, first_points, frontier_key
 from .models import QUEUED
 from .security import require_read, require_write
 from .state import ServiceState
@@ -43,6 +45,9 @@ class FrontierRequest(BaseModel):
     problem: Problem | None = Field(None, description="A pipeplan.problem/v1 document.")
     spec: dict[str, Any] | None = Field(None, description="A model spec for the cost model.")
     points: int = Field(12, ge=2, le=64, description="Points on the curve (both ends included).")
+    budgets: Literal["uniform", "scaled"] = Field(
+        "uniform", description="uniform: one memory cap per GPU, the same on every device; scaled: each"
+        " device's free memory scaled by one factor (clusters of mixed GPUs).")
     time_budget_s: float | None = Field(None, gt=0, description="Refine budget of each point (default from settings).")
 
     @model_validator(mode="after")
@@ -58,103 +63,87 @@ def frontier_links(key: str) -> dict[str, str]:
             "dashboard": f"/dashboard/frontiers/{key}"}
 
 
-def _problem_from_spec(spec: dict[str, Any], limits: Limits) -> Problem:
-    """A spec's problem, converted in-process, sizes checked first (the service's configured limits)."""
-    inline.check_spec(spec, limits)
-    return inline.problem_from_spec(spec, limits)
-
-
 def _store(st: ServiceState) -> FrontierStore:
-    return FrontierStore(st.repo)
+    return FrontierStore.of(st.repo)
 
 
-def plan_points(problem: Problem, points: int) -> tuple[dict[str, Any], list[tuple[float, Problem, Plan, float]]]:
-    """The setup document and, per point, (factor, problem, revision-1 plan, proven bound there)."""
-    from pipeplan.planner.baselines import best_heuristic
-    from pipeplan.planner.bounds import lower_bound
-    from pipeplan.planner.frontier import choose_factors, peer_points, rekey, scaled, setup, unlimited
-    from pipeplan.planner.solver.memory_bound import memory_lower_bound
-
-    free_problem = unlimited(problem)
-    peers = peer_points(problem)
-    top = best_heuristic(free_problem)
-    s = setup(problem, top, lower_bound(free_problem), peers)
-    probes: dict[float, Plan] = {}
-
-    def probe(f: float) -> float:
-        sub = scaled(problem, s.free, f)
-        probes[f] = best_heuristic(sub, problem_key=sub.key())
-        return probes[f].makespan_ms
-
-    factors = choose_factors(s, points, probe)
-    out: list[tuple[float, Problem, Plan, float]] = []
-    for f in factors:
-        sub = scaled(problem, s.free, f)
-        key = sub.key()
-        offers = [probes.get(f)] + [p for _, _, p, _ in out] + [p.plan for p in s.peers if p.factor <= f]
-        if f >= s.factor_max:
-            offers.append(s.top)
-        fits = [r for c in offers if c is not None and (r := rekey(sub, c, key)) is not None]
-        best = min(fits, key=lambda p: p.makespan_ms) if fits else best_heuristic(sub, problem_key=key)
-        out.append((f, sub, best, max(lower_bound(sub), memory_lower_bound(sub))))
-    doc = {"problem_key": problem.key(), "free_mib": s.free, "static_mib": [d.static_mib for d in problem.devices],
-           "factor_min": s.factor_min, "factor_max": s.factor_max, "unlimited_makespan_ms": s.top.makespan_ms,
-           "peers": [p.to_dict() for p in s.peers], "points": [{"factor": f, "bound_ms": b} for f, _, _, b in out]}
-    return doc, out
+def _queue_new_points(st: ServiceState, keys: list[str]) -> None:
+    """Publish each new point's revision 1 and enqueue its refine job (the child cannot reach an
+    in-process queue; a point it stored but nobody enqueued is found by the reconciler)."""
+    for pkey in keys:
+        st.events.publish_revision(pkey, 1)
+        job = st.repo.job(pkey)
+        if job is not None and job.state == QUEUED:
+            enqueue(st, pkey, job)
 
 
-@router.post("/frontiers", status_code=200, summary="Request a time-memory frontier (one refine job per point)",
-             responses={201: {"description": "New frontier: points stored, their jobs queued"},
-                        422: {"description": "Invalid input"}},
-             dependencies=[Depends(require_write)])
-def create_frontier(body: FrontierRequest, request: Request) -> Any:
-    from fastapi.responses import JSONResponse
-
-    st = state_of(request)
-    s = st.settings
-    budget = refine_budget(st, body.time_budget_s)
-    try:
-        problem = body.problem if body.problem is not None else _problem_from_spec(body.spec, s.limits)
-    except MemoryInfeasibleError as exc:
-        raise inline.infeasible(exc) from None
-    inline.check_problem(problem, s.limits)
-    key = frontier_key(problem.key(), body.points)
-    store = _store(st)
-    created = False
-    with st.lock_for(key):
-        if not store.exists(key):
-            setup_doc, points = plan_points(problem, body.points)
-            point_keys = []
-            for f, sub, plan, _ in points:
-                pkey = sub.key()
-                _, new, job = st.repo.store_first(sub, plan, budget, key=pkey)
-                if new:
-                    st.events.publish_revision(pkey, 1)
-                    if job.state == QUEUED:
-                        enqueue(st, pkey, job)
-                else:
-                    store.offer(pkey, plan, sub)  # a cached point still gets its neighbours' plans
-                point_keys.append((f, pkey))
-            created = store.create(key, problem.key(), setup_doc, point_keys)
-    doc = store.curve(key)
+def _answer(st: ServiceState, key: str, created: bool) -> Response:
+    doc = _store(st).curve(key)
     return JSONResponse({"frontier_key": key, "created": created, "frontier": doc, "links": frontier_links(key)},
                         status_code=201 if created else 200)
 
 
+@router.post("/frontiers", status_code=200, summary="Request a time-memory frontier (one refine job per point)",
+             responses={201: {"description": "New frontier: points stored, their jobs queued"},
+                        422: {"description": "Invalid input, or more points than this problem's size allows"},
+                        429: {"description": "Rate limited; retry after Retry-After seconds"},
+                        503: {"description": "Busy or past the time box; retry after Retry-After seconds"}},
+             dependencies=[Depends(require_write), Depends(rate_limited)])
+async def create_frontier(body: FrontierRequest, request: Request) -> Response:
+    st = state_of(request)
+    s = st.settings
+    budget = refine_budget(st, body.time_budget_s)
+    job: dict[str, Any] = {"limits": s.limits.model_dump(), "database_url": s.resolved_database_url,
+                           "points": body.points, "budgets": body.budgets, "max_ops": s.frontier_max_ops,
+                           "budget_s": budget, "greedy_s": s.inline_greedy_s, "greedy_max_s": s.inline_greedy_max_s}
+    if body.spec is not None:
+        inline.check_spec(body.spec, s.limits)  # microseconds; the conversion runs in the child
+        job["spec"] = body.spec
+    else:
+        inline.check_problem(body.problem, s.limits)
+        check_size(body.problem, body.points, s.frontier_max_ops)
+        key = frontier_key(body.problem.key(), body.points, body.budgets)
+        if await run_in_threadpool(_store(st).exists, key):
+            return await run_in_threadpool(_answer, st, key, False)
+        job["problem"] = body.problem.model_dump_json()
+    async with st.admission.frontier_slot():
+        try:
+            result = await inline.run_in_child(job, s.frontier_timeout_s, request.is_disconnected, s.retry_after_s,
+                                               entry=first_points, what="the frontier's first plans")
+        except inline.Gone:
+            return Response(status_code=499)  # nobody is listening; the work was stopped
+    await run_in_threadpool(_queue_new_points, st, result["new"])
+    return await run_in_threadpool(_answer, st, result["key"], result["created"])
+
+
 def _curve(st: ServiceState, key: str) -> dict[str, Any]:
-    if not KEY_RE.fullmatch(key):
-        raise ApiError(404, "not_found", "frontier keys are 64 lowercase hex characters (SHA-256)")
+    _known_key(key)
     doc = _store(st).curve(key)
     if doc is None:
         raise ApiError(404, "not_found", f"no frontier {key}")
     return doc
 
 
+def _known_key(key: str) -> None:
+    if not KEY_RE.fullmatch(key):
+        raise ApiError(404, "not_found", "frontier keys are 64 lowercase hex characters (SHA-256)")
+
+
+def _curve_body(st: ServiceState, key: str) -> str:
+    """GET's body: the cached curve JSON with the key and links spliced in (not re-encoded per read)."""
+    _known_key(key)
+    doc = _store(st).curve_json(key)
+    if doc is None:
+        raise ApiError(404, "not_found", f"no frontier {key}")
+    return f'{{"frontier_key":{json.dumps(key)},"links":{json.dumps(frontier_links(key))},{doc[1:]}'
+
+
 @router.get("/frontiers/{key}", summary="The curve: each point's best stored plan now (pipeplan.frontier/v1)",
+            responses={200: {"content": {"application/json": {}}, "description": "pipeplan.frontier/v1"}},
             dependencies=[Depends(require_read)])
-def get_frontier(key: str, request: Request) -> Any:
-    doc = _curve(state_of(request), key)
-    return {"frontier_key": key, **doc, "links": frontier_links(key)}
+async def get_frontier(key: str, request: Request) -> Response:
+    body = await run_in_threadpool(_curve_body, state_of(request), key)
+    return Response(body, media_type="application/json")
 
 
 def _point_answer(key: str, point: dict[str, Any]) -> dict[str, Any]:

@@ -84,3 +84,25 @@ def test_frontier_specs_meet_the_configured_limits(tmp_path):
     with TestClient(app, raise_server_exceptions=False) as c:
         r = c.post("/v1/frontiers", json={"spec": spec, "points": 3})
         assert r.status_code == 422 and "spec.model.layers" in r.json()["message"], r.text
+
+
+def test_a_frontier_curve_is_built_once_per_revision_set(tmp_path):
+    """GET /v1/frontiers/{key} reads a cached curve until a point's revision or job state changes."""
+    app = create_app(Settings(data_dir=tmp_path / "data", embedded_workers=0))
+    problem = make_problem(devices=4, microbatches=8, offload=True, limit_mib=8000.0, tag="svc-frontier-cache")
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.post("/v1/frontiers", json={"problem": problem_doc(problem), "points": 3})
+        assert r.status_code == 201, r.text
+        key = r.json()["frontier_key"]
+        repo = app.state.pipeplan.repo
+        store = FrontierStore.of(repo)
+        doc = store.curve(key)
+        assert store.curve(key) is doc  # not rebuilt while nothing changed
+        assert c.get(f"/v1/frontiers/{key}").json()["points"] == doc["points"]
+        queued = next(p for p in doc["points"] if p["job_state"] == "queued")
+        job = repo.job(queued["problem_key"])
+        assert repo.claim(job.key, job.run_id, "a-worker") is not None  # as a worker starts its run
+        again = store.curve(key)
+        assert again is not doc
+        assert next(p for p in again["points"] if p["problem_key"] == job.key)["job_state"] == "solving"
+        assert c.get(f"/v1/frontiers/{key}").json()["points"] == again["points"]

@@ -29,7 +29,7 @@ def test_solve_exits_2_with_the_least_memory_on_an_infeasible_budget(tmp_path):
     (tmp_path / "p.json").write_text(json.dumps(problem_doc(p=2, m=4, limit=50.0)))
     result = CliRunner().invoke(app, ["solve", str(tmp_path / "p.json"), "--time-limit", "5"])
     assert result.exit_code == 2
-    assert "100.0 MiB" in result.stderr and "device 0" in result.stderr
+    assert "devices 0-1 need at least 100.0 MiB" in result.stderr and "100.0 MiB per GPU" in result.stderr
     assert not (tmp_path / "plan.json").exists()
 
 

@@ -19,11 +19,13 @@ def register(app: typer.Typer) -> None:
             " beside the plan, as NAME.problem.json")] = None,
         solve_top: Annotated[int, typer.Option("--solve-top", min=0, help="optimize the best N candidates")] = 2,
     ) -> None:
-        """Search partition x placement x schedule for SPEC, optimize the best; print the candidate
-        table on stderr and write the plan v1 (and the problem v1 it belongs to)."""
+        """Choose partition, placement and schedule for a spec.
+
+        Searches partition x placement x schedule, optimizes the best candidates, prints their table
+        on stderr and writes the plan v1 (and the problem v1 it belongs to)."""
         from pydantic import ValidationError
 
-        from pipeplan.io import fail, read_json, write_json
+        from pipeplan.io import fail, infeasible_memory, read_json, write_json
         from pipeplan.planner.adaptive import plan_adaptive
         from pipeplan.planner.bounds import MemoryInfeasibleError
         from pipeplan.planner.contract import error_messages
@@ -44,7 +46,7 @@ def register(app: typer.Typer) -> None:
             result = plan_adaptive(parsed, time_limit_s=time_limit, solve_top=solve_top,
                                    workers=get_settings().solver_workers)
         except MemoryInfeasibleError as exc:
-            fail(str(exc))
+            infeasible_memory(exc.needed_mib, exc.limits, gib=True)  # a spec's budget is in GiB
         typer.echo(result.table(), err=True)
         for run in result.solver_runs:
             typer.echo(f"optimizer on {run['candidate']} ({run['schedule']}): {run['heuristic_ms']:.2f}"

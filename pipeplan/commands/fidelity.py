@@ -42,7 +42,10 @@ def fidelity_cmd(
         help="Write the problem with the measured costs (plan it again for the hardware as it ran).")] = None,
     path_steps: Annotated[int, typer.Option("--path", help="Critical-path steps to print.", min=0)] = 12,
 ) -> None:
-    """Predicted vs measured makespan, error per op kind and stage, and the measured critical path."""
+    """Compare a measured run with its plan.
+
+    Predicted against measured makespan, the error per op kind and stage, and the measured critical
+    path."""
     from pipeplan.planner.exports import chrome_trace_compared
     from pipeplan.planner.fidelity import calibrated_problem, fidelity
     from pipeplan.planner.trace import check_trace

@@ -26,21 +26,44 @@ GIB = 1024.0
 
 
 def _progress(started: float):
+    """Progress lines on stderr; a point beyond the GPU's memory says so."""
+    from pipeplan.planner.frontier import within
+
+    hbm_mib: float | None = None
+
     def report(event: dict[str, Any]) -> None:
+        nonlocal hbm_mib
         t = f"[{time.monotonic() - started:7.2f}s]"
         kind = event["event"]
         if kind == "peers":
             names = sorted({p["name"] for p in event["peers"]})
             typer.echo(f"{t} peers: {', '.join(names) or 'none'}", err=True)
         elif kind == "range":
-            typer.echo(f"{t} budget factors {event['factor_min']:.4f} .. {event['factor_max']:.4f}"
-                       f" of free memory; unlimited-memory plan {event['unlimited_makespan_ms']:.2f} ms",
-                       err=True)
+            hbm_mib = event["hbm_mib"]
+            span = f"{event['budget_min_mib'] / GIB:.2f} .. {event['budget_max_mib'] / GIB:.2f} GiB per GPU"
+            if event["mode"] == "scaled":
+                span = (f"factors {event['factor_min']:.4f} .. {event['factor_max']:.4f} of each device's free"
+                        f" memory (largest limit {span})")
+            typer.echo(f"{t} budgets {span}{_hbm_note(event)}; unlimited-memory plan"
+                       f" {event['unlimited_makespan_ms']:.2f} ms", err=True)
         elif kind == "point":
+            beyond = " [beyond the GPU's memory]" if hbm_mib is not None and not within(
+                event["budget_mib"], hbm_mib) else ""
             typer.echo(f"{t} point {event['index'] + 1}: {event['budget_mib'] / GIB:.2f} GiB/GPU ->"
                        f" {event['makespan_ms']:.2f} ms (bound {event['bound_ms']:.2f}, {event['source']},"
-                       f" {event['outcome']})", err=True)
+                       f" {event['outcome']}){beyond}", err=True)
     return report
+
+
+def _hbm_note(doc: dict[str, Any]) -> str:
+    """" (GPU memory 79.60 GiB, H100-80GB)" when the frontier knows it."""
+    if doc.get("hbm_mib") is None:
+        return ""
+    return f" (GPU memory {doc['hbm_mib'] / GIB:.2f} GiB, {doc['hbm_of']})"
+
+
+def _beyond(doc: dict[str, Any], point: dict[str, Any]) -> str:
+    return f"; beyond the GPU's {doc['hbm_mib'] / GIB:.2f} GiB ({doc['hbm_of']})" if point.get("beyond_hbm") else ""
 
 
 def _load(path: Path, offload: bool | None, recompute: bool | None):
@@ -85,20 +108,21 @@ def answer_queries(doc: dict[str, Any], target_ms: float | None, budget_gib: flo
             code = 2
         else:
             p = hit.doc
-            typer.echo(f"least memory for <= {target_ms:g} ms: {p['budget_mib'] / GIB:.2f} GiB per GPU"
-                       f" (limits {', '.join(f'{x / GIB:.2f}' for x in p['limits_mib'])} GiB) ->"
-                       f" {p['makespan_ms']:.2f} ms, plan key {p['problem_key']}")
+            limits = "" if view.budgets.mode == "uniform" else \
+                f" (limits {', '.join(f'{x / GIB:.2f}' for x in p['limits_mib'])} GiB)"
+            typer.echo(f"least memory for <= {target_ms:g} ms: {p['budget_mib'] / GIB:.2f} GiB per GPU{limits} ->"
+                       f" {p['makespan_ms']:.2f} ms{_beyond(doc, p)}, plan key {p['problem_key']}")
     if budget_gib is not None:
         hit = view.fastest(budget_gib * GIB)
         if hit is None:
             least = min(view.points, key=lambda p: p.budget_mib)
             typer.echo(f"error: {budget_gib:g} GiB per GPU is below the least any schedule needs"
-                       f" ({least.budget_mib / GIB:.2f} GiB)", err=True)
+                       f" ({least.budget_mib / GIB:.2f} GiB per GPU)", err=True)
             code = 2
         else:
             p = hit.doc
             typer.echo(f"fastest within {budget_gib:g} GiB per GPU: {p['makespan_ms']:.2f} ms at"
-                       f" {p['budget_mib'] / GIB:.2f} GiB (bound {p['bound_ms']:.2f} ms),"
+                       f" {p['budget_mib'] / GIB:.2f} GiB (bound {p['bound_ms']:.2f} ms){_beyond(doc, p)},"
                        f" plan key {p['problem_key']}")
     return code
 
@@ -113,13 +137,17 @@ def frontier_cmd(
     time_limit: Annotated[float, typer.Option(
         "--time-limit", "-t", min=0.0,
         help="Seconds of search per point (plus one unlimited solve).")] = 10.0,
+    budgets: Annotated[str, typer.Option(
+        "--budgets",
+        help="uniform: one memory cap per GPU, the same on every device; scaled: each device's free"
+             " memory scaled by one factor (clusters of mixed GPUs).")] = "uniform",
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the frontier JSON here.")] = None,
     plot: Annotated[Path | None, typer.Option(
         "--plot", help="Draw the frontier (PNG or SVG by suffix).")] = None,
     plans_dir: Annotated[Path | None, typer.Option(
         "--plans-dir", help="Also write each point's plan and problem.")] = None,
     target_ms: Annotated[float | None, typer.Option(
-        "--target-ms", min=0.0, help="Query: least memory for this time.")] = None,
+        "--target-ms", min=0.0, help="Query: least memory per GPU for this time.")] = None,
     budget_gib: Annotated[float | None, typer.Option(
         "--budget-gib", min=0.0, help="Query: fastest plan within this memory per GPU.")] = None,
     offload: Annotated[bool | None, typer.Option(
@@ -129,10 +157,14 @@ def frontier_cmd(
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="CP-SAT workers per solve.")] = None,
     title: Annotated[str | None, typer.Option("--title", help="Title of the plot.")] = None,
 ) -> None:
-    """Iteration time against per-GPU memory, from the least memory any schedule needs to where the
-    unlimited-memory optimum fits, with every peer schedule as a point; and the two queries."""
-    from pipeplan.planner.frontier import compute_frontier
+    """Chart iteration time against memory per GPU.
 
+    The curve runs from the least memory any schedule needs to where the unlimited-memory optimum
+    fits, with every peer schedule at its own peak memory; --target-ms and --budget-gib query it."""
+    from pipeplan.planner.frontier import BUDGET_MODES, compute_frontier
+
+    if budgets not in BUDGET_MODES:
+        bad_input(f"--budgets: expected {' or '.join(BUDGET_MODES)}, got {budgets!r}")
     doc, problem = _load(source, offload, recompute)
     if problem is not None:
         started = time.monotonic()
@@ -140,14 +172,15 @@ def frontier_cmd(
         previous = signal.signal(signal.SIGINT, lambda *_: stop.set())  # Ctrl-C: finish with what is solved
         try:
             result = compute_frontier(problem, points, time_limit, on_progress=_progress(started), stop=stop,
-                                      workers=workers or get_settings().solver_workers)
+                                      workers=workers or get_settings().solver_workers, budgets=budgets)
         finally:
             signal.signal(signal.SIGINT, previous)
         doc = result.to_document()
         worst = min((d["margin_pct"] for d in doc["dominance"] if d["margin_pct"] is not None), default=0.0)
         beaten = sum(1 for d in doc["dominance"] if d["dominated"])
+        unit = "per GPU" if budgets == "uniform" else "at their budget factor"
         typer.echo(f"done in {result.elapsed_s:.1f}s: {len(result.points)} points,"
-                   f" {beaten}/{len(doc['dominance'])} peer points dominated (smallest margin {worst:.2f}%)",
+                   f" {beaten}/{len(doc['dominance'])} peer points dominated {unit} (smallest margin {worst:.2f}%)",
                    err=True)
         if plans_dir is not None:
             for i, p in enumerate(result.points):

@@ -19,15 +19,20 @@ from pipeplan.io import (
     bad_input,
     dumps,
     fail,
+    in_gib,
     infeasible,
+    infeasible_memory,
     load_plan,
     load_problem,
+    memory_text,
+    transfers_text,
     write_bytes,
     write_json,
     write_text,
 )
 from pipeplan.planner.contract import Plan, Problem
 
+TORCH_MISSING = "torch is not installed"  # planner.baselines.torch_peers' reason on a base install
 ProblemArg = Annotated[Path, typer.Argument(metavar="PROBLEM.json",
                                             help="A problem v1 document or a model spec (detected).")]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Write here instead of stdout.")]
@@ -40,12 +45,12 @@ def _check_memory(problem: Problem) -> list[float]:
     try:
         return check_memory_feasible(problem)
     except MemoryInfeasibleError as exc:
-        infeasible(str(exc).removeprefix("infeasible memory budget: ")
-                   + " (no schedule fits, whatever the order, offload or recompute)")
+        infeasible_memory(exc.needed_mib, exc.limits, in_gib(problem))
 
 
 def _does_not_fit_text(problem: Problem, needed: list[float]) -> str:
-    short = [f"device {d} would need {n:.1f} MiB (limit {problem.limit_of(d):.1f} MiB)"
+    gib = in_gib(problem)
+    short = [f"device {d} would need {memory_text(n, gib)} (limit {memory_text(problem.limit_of(d), gib)})"
              for d, n in enumerate(needed) if n > problem.limit_of(d) + 1e-6]
     return "; ".join(short) or "its schedule exceeds a memory limit"
 
@@ -54,7 +59,9 @@ def problem_cmd(
     spec: Annotated[Path, typer.Argument(metavar="SPEC.json", help="A model/hardware spec (or a problem).")],
     out: OutOpt = None,
 ) -> None:
-    """Turn a model/hardware spec into a problem v1 (a problem given here comes back normalized)."""
+    """Turn a model spec into a problem v1.
+
+    A problem given here comes back normalized (defaults filled in, as its key is computed)."""
     problem = load_problem(spec)
     write_json(problem, out)
     if out is not None:
@@ -70,7 +77,7 @@ def baseline_cmd(
     problem_path: ProblemArg,
     out: OutOpt = None,
 ) -> None:
-    """Run one classic schedule and write its (validated) plan v1."""
+    """Run one published schedule and write its validated plan."""
     from pipeplan.planner.baselines import NAMES, DoesNotFit, NotApplicable, run_baseline
 
     if name not in NAMES:
@@ -95,7 +102,9 @@ def validate_cmd(
     problem_path: ProblemArg,
     plan_path: Annotated[Path, typer.Argument(metavar="PLAN.json")],
 ) -> None:
-    """Check a plan against its problem (CONTRACT.md): exit 0 valid, 1 invalid with every violation."""
+    """Check a plan against its problem.
+
+    Exit 0 when valid, 1 when not, with every violation of the contract listed."""
     from pipeplan.planner.validator import validate_plan
 
     problem = load_problem(problem_path)
@@ -168,7 +177,10 @@ def compare_cmd(
     problem_path: ProblemArg,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON instead of a table.")] = False,
 ) -> None:
-    """Run every baseline and tabulate makespan, bubble, peak memory vs limit and gap to the lower bound."""
+    """Compare every peer schedule with the lower bound.
+
+    A table of makespan, bubble, gap to the lower bound and peak memory per device against the limit;
+    the schedules that do not fit or do not apply say why."""
     from rich.console import Console
     from rich.table import Table
 
@@ -210,13 +222,19 @@ def compare_cmd(
         over = any(m > lim + 1e-6 for m, lim in zip(p.peak_memory_mib, limits))
         table.add_row(r.name, f"{p.makespan_ms:.4g}", f"{p.bubble_ratio:.1%}", f"{_gap(p.makespan_ms, bound):.1%}",
                       ("[red]" if over else "") + _per_device(p.peak_memory_mib, scale, limits))
+    no_torch = [r.name for r in rest if r.reason == TORCH_MISSING]
     for r in rest:
+        if r.reason == TORCH_MISSING:
+            continue  # one line below the table, not a row per torch peer
         if r.reason:
             table.add_row(f"[dim]{r.name}", "—", "—", "—", f"[dim]not applicable: {r.reason}")
         else:
             detail = f"needs {_per_device(r.needed_mib, scale, limits)}" if r.needed_mib else r.message
             table.add_row(f"[dim]{r.name}", "—", "—", "—", f"[yellow]does not fit: {detail}")
     console.print(table)
+    if no_torch:
+        console.print(f"torch's own schedules ({', '.join(no_torch)}) need the torch extra:"
+                      " pip install 'pipeplan[torch]'", markup=False)
     console.print(f"lower bound {bound:.6g} ms; min memory per device ({unit}): "
                   f"{_per_device(needed, scale, limits, width=16)}")
     copies = [_transfers(r.name, r.plan) for r in ok if r.plan.offloaded_mib or r.plan.recompute_ms]
@@ -227,11 +245,7 @@ def compare_cmd(
 
 
 def _transfers(name: str, plan: Plan) -> str:
-    """What a plan's transfers cost (docs/transfers.md): offloaded GiB, the most pinned host memory
-    on one device, recompute time."""
-    host = max(plan.host_memory_mib or [0.0])
-    return (f"{name} offloads {(plan.offloaded_mib or 0.0) / 1024:.3g} GiB (host {host / 1024:.3g} GiB),"
-            f" recomputes {plan.recompute_ms or 0.0:.4g} ms")
+    return f"{name} {transfers_text(plan)}"
 
 
 def render_cmd(
@@ -244,7 +258,9 @@ def render_cmd(
     memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Memory curves beneath.")] = True,
     copy_lanes: Annotated[str, typer.Option(help="auto (only when the plan copies), always or never.")] = "auto",
 ) -> None:
-    """Draw the plan as a Gantt chart with the memory of every device beneath (SVG or PNG)."""
+    """Draw a plan as a Gantt chart with memory beneath.
+
+    One row group per device (compute and copy lanes), its memory over time beneath; SVG or PNG."""
     from pipeplan.planner.render import RenderOptions, render
     from pipeplan.planner.validator import validate_plan
 

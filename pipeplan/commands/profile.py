@@ -27,7 +27,9 @@ def profile_cmd(
     repeats: Annotated[int, typer.Option(help="Timed runs per layer (median).", min=1, max=1000)] = 5,
     as_problem: Annotated[bool, typer.Option("--problem", help="Write the problem v1 instead of the spec.")] = False,
 ) -> None:
-    """Measure each layer's F, B, W and activations on this machine; write a spec with a profiled stack."""
+    """Measure each layer's F, B, W and activations here.
+
+    Writes a spec whose model is the profiled stack."""
     try:
         import torch
 

@@ -28,7 +28,9 @@ def serve(
     port: int = typer.Option(None, help="Listen port (default PIPEPLAN_PORT or 8000)."),
     log_level: str = typer.Option("info", help="uvicorn log level."),
 ) -> None:
-    """Run the plan service. With nothing configured: SQLite file + in-process workers."""
+    """Run the plan service.
+
+    With nothing configured: a SQLite file and in-process workers."""
     try:
         import uvicorn
 
@@ -76,7 +78,9 @@ def worker(
     burst: bool = typer.Option(False, help="Exit when the queue is empty (for tests and batch runs)."),
     name: str = typer.Option(None, help="Worker name (default: RQ's random name)."),
 ) -> None:
-    """Run one refine worker on the Redis queue (start any number, on any machine)."""
+    """Run one refine worker on the Redis queue.
+
+    Start any number, on any machine."""
     try:
         from pipeplan.worker.rq_worker import run_worker
     except ModuleNotFoundError as exc:
@@ -93,7 +97,9 @@ def worker(
 def migrate(
     revision: str = typer.Argument("head", help="Target revision ('head', or 'base' to drop everything)."),
 ) -> None:
-    """Apply the database migrations (PIPEPLAN_DATABASE_URL; default the embedded SQLite file)."""
+    """Apply the database migrations.
+
+    To PIPEPLAN_DATABASE_URL, by default the embedded SQLite file."""
     try:
         from pipeplan.service import schema
         from pipeplan.service.db import make_engine

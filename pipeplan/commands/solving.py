@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from pipeplan.io import fail, load_problem, write_json
+from pipeplan.io import fail, in_gib, infeasible_memory, load_problem, transfers_text, write_json
 
 
 def _progress(started: float, lower: float):
@@ -36,7 +36,10 @@ def solve_cmd(
     deterministic: Annotated[bool, typer.Option("--deterministic", help="Reproducible search (1 worker).")] = False,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the plan here instead of stdout.")] = None,
 ) -> None:
-    """Find a schedule faster than every heuristic at the same memory; write the best valid plan v1."""
+    """Search for the fastest plan that fits the memory.
+
+    Heuristics first, then CP-SAT / LNS until the time limit; progress on stderr, the best valid plan
+    v1 on stdout or --out."""
     from pipeplan.planner.bounds import MemoryInfeasibleError, lower_bound
     from pipeplan.planner.solver import ENGINES, solve
     from pipeplan.service.outcomes import describe
@@ -53,8 +56,7 @@ def solve_cmd(
                        stop=stop, engine=engine, workers=workers or get_settings().solver_workers, seed=seed,
                        deterministic=deterministic)
     except MemoryInfeasibleError as exc:
-        needed = ", ".join(f"device {d}: {n:.1f} MiB" for d, n in enumerate(exc.needed_mib))
-        fail(f"{exc}. Least memory per device for any schedule: {needed}")
+        infeasible_memory(exc.needed_mib, exc.limits, in_gib(problem))
     finally:
         signal.signal(signal.SIGINT, previous)
     plan = result.plan
@@ -62,9 +64,10 @@ def solve_cmd(
     # the service's words (service.outcomes): a spent budget never reads as a proof. The solver's
     # improvement count includes the seeds, so "no better plan found" is left to the service's jobs.
     verdict = describe(result.outcome, 100 * plan.gap, result.elapsed_s)
+    copies = f"; per iteration it {transfers_text(plan)}" if plan.offloaded_mib or plan.recompute_ms else ""
     typer.echo(f"done in {result.elapsed_s:.2f}s: {verdict}; makespan {plan.makespan_ms:.4f} ms, bound"
                f" {bound:.4f} ms, first plan after {result.time_to_first_s:.2f}s,"
-               f" engine {result.engine}, seeded by {result.seed_method}", err=True)
+               f" engine {result.engine}, seeded by {result.seed_method}{copies}", err=True)
     write_json(plan, out)
 
 
