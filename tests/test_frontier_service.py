@@ -54,6 +54,8 @@ def test_frontier_points_are_cached_plans_refined_by_two_workers(tmp_path):
         page = c.get(f"/dashboard/frontiers/{key}")
         assert page.status_code == 200 and page.text.count('<a class="point" href="/dashboard/plans/') == 5
         assert 'class="frontier-band"' in page.text and 'data-peer="zb-h1"' in page.text
+        for point in points:  # whole keys (cut by CSS only), so a copied key is one the API accepts
+            assert f'>{point["problem_key"]}</a>' in page.text
         plan_page = c.get(f"/dashboard/plans/{points[0]['problem_key']}")
         assert f'href="/dashboard/frontiers/{key}"' in plan_page.text
         again = c.post("/v1/frontiers", json={"problem": problem_doc(problem), "points": 5})
