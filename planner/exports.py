@@ -114,16 +114,19 @@ def torch_schedule(problem: Problem, plan: Plan) -> TorchSchedule:
     offloads = sum(1 for dp in plan.devices for p in dp.ops if p.kind == Kind.OFFLOAD.value)
     recomputes = sum(1 for dp in plan.devices for p in dp.ops if p.kind == Kind.RECOMPUTE.value)
     if offloads or recomputes:
-        runs = _compute_order_only(problem, plan, offloads, recomputes)
+        counts = ((offloads, "offload"), (recomputes, "recompute"))
+        actions = " and ".join(f"{n} {what}(s)" for n, what in counts if n)
+        runs = _compute_order_only(problem, plan, actions)
         worst = max(range(problem.num_devices),
                     key=lambda d: runs.peak_memory_mib[d] - plan.peak_memory_mib[d])
+        bound = max(plan.lower_bound_ms, plan.solver_bound_ms or 0.0)
         notes.append(
-            f"torch's runtime has no offload or recompute action: the plan's {offloads} offload(s) and"
-            f" {recomputes} recompute(s) are left out. The compute order alone fits every memory limit"
-            f" but needs more memory: device {worst} peaks at {runs.peak_memory_mib[worst]:.0f} MiB"
-            f" (planned {plan.peak_memory_mib[worst]:.0f} MiB{_limit_text(problem, worst)}); it takes"
-            f" {runs.makespan_ms:.2f} ms per iteration (planned {plan.makespan_ms:.2f} ms; lower bound"
-            f" {plan.lower_bound_ms:.2f} ms). pipeplan's runtime runs the plan as planned.")
+            f"torch's runtime has no offload or recompute action: the plan's {actions} are left out. The"
+            f" compute order alone fits every memory limit but needs more memory: device {worst} peaks at"
+            f" {runs.peak_memory_mib[worst]:.0f} MiB (planned {plan.peak_memory_mib[worst]:.0f} MiB"
+            f"{_limit_text(problem, worst)}); it takes {runs.makespan_ms:.2f} ms per iteration (planned"
+            f" {plan.makespan_ms:.2f} ms; lower bound {bound:.2f} ms). pipeplan's runtime runs the plan as"
+            " planned.")
     order = last_stage_forward_order(problem, runs)
     if order != list(range(problem.num_microbatches)):
         runs = relabel_microbatches(problem, runs, order)
@@ -139,7 +142,7 @@ def _limit_text(problem: Problem, device: int) -> str:
     return "" if limit is None else f", limit {limit:.0f} MiB"
 
 
-def _compute_order_only(problem: Problem, plan: Plan, offloads: int, recomputes: int) -> Plan:
+def _compute_order_only(problem: Problem, plan: Plan, actions: str) -> Plan:
     """The plan without its memory actions, re-timed; ExportRefused if it no longer fits."""
     orders = [DeviceOrder(compute=[op_of(p) for p in _ordered_ops(dp) if p.kind not in MEMORY_KINDS])
               for dp in _sorted_devices(plan)]
@@ -148,8 +151,8 @@ def _compute_order_only(problem: Problem, plan: Plan, offloads: int, recomputes:
             for d in range(problem.num_devices) if need[d] > problem.limit_of(d) + 1e-6]
     if over:
         raise ExportRefused(
-            f"torch's runtime has no offload or recompute action, and without the plan's {offloads}"
-            f" offload(s) and {recomputes} recompute(s) its compute order does not fit: " + "; ".join(over)
+            f"torch's runtime has no offload or recompute action, and without the plan's {actions} its"
+            " compute order does not fit: " + "; ".join(over)
             + ". Run this plan with pipeplan's runtime (pipeplan.client.torch_runtime.build_schedule),"
             " or plan again with options.offload and options.recompute false for torch's runtime")
     schedule = Schedule(orders)

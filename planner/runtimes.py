@@ -69,10 +69,12 @@ def runtimes_document(problem: Problem, plan: Plan) -> dict[str, Any]:
             "torch_microbatch_order": schedule.microbatch_order if schedule is not None else None}
 
 
-def summary_lines(support: list[RuntimeSupport]) -> list[str]:
-    """Human lines: which runtimes run the plan as planned, which only in part, which not at all."""
+def summary_lines(support: list[RuntimeSupport], brief: tuple[str, ...] = ()) -> list[str]:
+    """Human lines: which runtimes run the plan as planned, which only in part, which not at all
+    (without the note for the `brief` runtimes, whose caller says it at length)."""
     mark = {True: "as planned", False: "in part"}
-    return [f"{s.runtime}: {mark[s.as_planned] if s.runs else 'cannot run it'} — {s.note}" for s in support]
+    return [f"{s.runtime}: {mark[s.as_planned] if s.runs else 'cannot run it'}"
+            + ("" if s.runtime in brief else f" — {s.note}") for s in support]
 
 
 __all__ = ["RUNTIMES_FORMAT", "RuntimeSupport", "runtime_support", "runtimes_document", "summary_lines"]

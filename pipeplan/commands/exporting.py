@@ -41,13 +41,15 @@ def _refused(target: str, reason: object) -> NoReturn:
     fail(f"cannot export to {target}: {reason}", EXIT_BAD_INPUT)
 
 
-def _say_runtimes(problem: Problem, plan: Plan) -> None:
+def _say_runtimes(problem: Problem, plan: Plan, *detailed: str) -> None:
+    """The plan's figures and the runtime lines; those of `detailed` runtimes without their note: the
+    export's own notes, printed next, say the same at length."""
     from pipeplan.planner.runtimes import runtime_support, summary_lines
 
     typer.echo(f"plan {plan.problem_key[:12]}… revision {plan.revision} ({plan.method}):"
-               f" {plan.makespan_ms:.2f} ms per iteration, lower bound {plan.lower_bound_ms:.2f} ms",
-               err=True)
-    for line in summary_lines(runtime_support(problem, plan)[0]):
+               f" {plan.makespan_ms:.2f} ms per iteration, proven lower bound"
+               f" {max(plan.lower_bound_ms, plan.solver_bound_ms or 0.0):.2f} ms", err=True)
+    for line in summary_lines(runtime_support(problem, plan)[0], detailed):
         typer.echo(f"  {line}", err=True)
 
 
@@ -59,7 +61,7 @@ def torch_cmd(problem_path: ProblemArg, plan_path: PlanArg,
     from pipeplan.planner.exports import ExportRefused, torch_schedule
 
     problem, plan = _load(problem_path, plan_path)
-    _say_runtimes(problem, plan)
+    _say_runtimes(problem, plan, "torch")
     try:
         schedule = torch_schedule(problem, plan)
     except ExportRefused as exc:
@@ -85,7 +87,7 @@ def torchtitan_cmd(problem_path: ProblemArg, plan_path: PlanArg,
     from pipeplan.planner.torchtitan_args import torchtitan_export
 
     problem, plan = _load(problem_path, plan_path)
-    _say_runtimes(problem, plan)
+    _say_runtimes(problem, plan, "torch", "torchtitan")
     csv_file = out / "schedule.csv"
     try:
         export = torchtitan_export(problem, plan, csv_path or str(csv_file.resolve()))
@@ -114,7 +116,7 @@ def megatron_cmd(problem_path: ProblemArg, plan_path: PlanArg,
     from pipeplan.planner.megatron_args import megatron_export
 
     problem, plan = _load(problem_path, plan_path)
-    _say_runtimes(problem, plan)
+    _say_runtimes(problem, plan, "megatron")
     try:
         export = megatron_export(problem, plan, data_parallel)
     except ExportRefused as exc:
