@@ -130,10 +130,11 @@ def torch_schedule(problem: Problem, plan: Plan) -> TorchSchedule:
     order = last_stage_forward_order(problem, runs)
     if order != list(range(problem.num_microbatches)):
         runs = relabel_microbatches(problem, runs, order)
+        shown = ", ".join(map(str, order[:16])) + (", …" if len(order) > 16 else "")
         notes.append(
             "microbatches renumbered so that the last stage runs its forwards as 0..M-1 (torch keeps"
             " each loss in the order the last stage ran its forwards): torch microbatch i is the"
-            f" plan's microbatch {order}[i]; the schedule is the same")
+            f" plan's microbatch order[i], order = [{shown}]; the schedule is the same")
     return TorchSchedule(runs, order, offloads + recomputes, notes)
 
 
@@ -203,8 +204,8 @@ def stage_layers(problem: Problem) -> list[list[str]]:
 
 
 def placement_of(problem: Problem) -> str | None:
-    """"loop" (stage k on device k mod P), "v" (chunks zigzag: stage k and 2P-1-k share a device)
-    or None (any other placement)."""
+    """The placement: "loop" (stage k on device k mod P), "v" (chunks zigzag: stage k and 2P-1-k share
+    a device) or None (any other)."""
     p = problem.num_devices
     devices = [s.device for s in problem.stages]
     if devices == [k % p for k in range(problem.num_stages)]:

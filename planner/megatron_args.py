@@ -30,7 +30,6 @@ from functools import reduce
 from .contract import Plan, Problem
 from .exports import ExportRefused, placement_of, stage_layers
 
-MEGATRON_CORE_VERSION = "0.16.1"
 LAYER_CHARS = {"embedding": "E", "lm_head": "L", "mtp_head": "m", "dense": "t", "moe": "t"}
 HYBRID = frozenset({"mamba", "attention", "mlp"})
 
@@ -203,4 +202,4 @@ def megatron_export(problem: Problem, plan: Plan, data_parallel: int = 1) -> Meg
     return MegatronExport(args, layout, chunks, cannot, notes)
 
 
-__all__ = ["MEGATRON_CORE_VERSION", "MegatronExport", "layout_string", "megatron_export", "stage_strings"]
+__all__ = ["MegatronExport", "layout_string", "megatron_export", "stage_strings"]

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from .contract import Plan, Problem
 from .exports import ExportRefused, TorchSchedule, placement_of, stage_layers, torch_schedule
 
-TORCHTITAN_VERSION = "0.3.0"
 BLOCKS = frozenset({"dense", "moe", "mamba", "attention", "mlp"})
 
 
@@ -109,4 +108,4 @@ def torchtitan_export(problem: Problem, plan: Plan, csv_path: str) -> Torchtitan
     return TorchtitanExport(schedule, args, notes)
 
 
-__all__ = ["TORCHTITAN_VERSION", "TorchtitanExport", "module_fqns", "schedule_class", "torchtitan_export"]
+__all__ = ["TorchtitanExport", "module_fqns", "schedule_class", "torchtitan_export"]
