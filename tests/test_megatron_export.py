@@ -7,12 +7,14 @@ recompute arguments together (the checks Megatron-LM runs at start-up).
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("megatron.core", reason="the megatron extra is not installed (.[megatron])")
+if importlib.util.find_spec("megatron") is None:  # found, not imported: megatron.core takes seconds to load
+    pytest.skip("the megatron extra is not installed (.[megatron])", allow_module_level=True)
 
 from pipeplan.planner.baselines import run_baseline
 from pipeplan.planner.contract import Plan, Problem

@@ -37,6 +37,7 @@ def out_of_order_solver_plan() -> tuple[Problem, Plan]:
     return problem, plan
 
 
+@pytest.mark.integration
 def test_torch_stock_runtime_trains_exactly_on_exported_plans(tmp_path):
     loop_split = problem_for(4, 8)
     loop_full = problem_for(4, 8, split=False)

@@ -52,6 +52,7 @@ def export(tmp_path, problem: Problem, plan, name: str) -> list[str]:
     return shlex.split((out / "torchtitan.args").read_text())
 
 
+@pytest.mark.integration
 def test_torchtitan_parses_splits_and_runs_the_export(tmp_path):
     from torchtitan.config.manager import ConfigManager
     from torchtitan.distributed.pipeline_parallel import _split_module
