@@ -258,7 +258,15 @@ class PlanClient:
         return self._send("GET", f"/v1/plans/{key}/traces").json()["traces"]
 
     def torch_csv(self, key: str) -> str:
-        return self._send("GET", f"/v1/plans/{key}/export/torch.csv").text
+        """The CSV torch's stock runtime runs (renumbered, compute order only); see `export`."""
+        return self.export(key, "torch.csv")
+
+    def export(self, key: str, kind: str, revision: int | None = None) -> str:
+        """An export of `key`'s best (or a given) revision: torch.csv, torchtitan.args (naming the CSV
+        schedule.csv), megatron.args, runtimes.json or chrome-trace.json. A plan the format cannot
+        express raises PlanRequestError with status 409 and the reason."""
+        params = {} if revision is None else {"revision": revision}
+        return self._send("GET", f"/v1/plans/{key}/export/{kind}", params=params).text
 
     def health(self) -> bool:
         try:

@@ -2,7 +2,9 @@
 
 The compute order goes through torch's own loader: `planner.exports.torch_csv` ->
 `_PipelineScheduleRuntime._load_csv(path, "compute_only")`, which lowers it to send/recv actions and
-infers stage -> rank from the CSV (so V and interleaved placements need no rank map).
+infers stage -> rank from the CSV (so V and interleaved placements need no rank map). Every private
+torch name this takes (the loader, the loss bookkeeping, the sends and receives) is reached through
+`client.torch_internals`, which checks them against the installed torch once.
 
 torch has no OFFLOAD, RELOAD or RECOMPUTE action, so `PlanExecutor` carries them out around the
 runtime's compute actions, at the places the plan puts them on this rank:
@@ -38,8 +40,6 @@ the durations a problem gives them.
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 import threading
 import time
 import weakref
@@ -54,42 +54,13 @@ from pipeplan.planner.exports import torch_csv
 from pipeplan.planner.ops import Kind
 from pipeplan.planner.trace import Trace
 from torch import nn
-from torch.distributed.pipelining import schedules as _schedules
-from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
 from .copy_lanes import CopyJob, OrderedLane
 from .emulation import Emulation
+from .torch_internals import KeyedLossRuntime, ScheduleRuntime, load_csv_text, p2p_hooks
 from .tracing import OpRecorder, assemble_trace
 
 TORCH_KINDS = (Kind.F, Kind.B, Kind.W, Kind.BW)
-
-
-def parse_torch_csv(csv_text: str, num_ranks: int, num_stages: int, n_microbatches: int
-                    ) -> tuple[dict[int, list[_Action]], dict[int, list[_Action]], dict[int, int]]:
-    """Load a schedule CSV with torch's own `_load_csv`, without a process group or stages.
-
-    Returns (compute-only order, order lowered with send/recv, stage -> rank). Raises whatever torch
-    raises for a malformed schedule, so a CSV that passes here is one the runtime accepts.
-    """
-    runtime = _PipelineScheduleRuntime.__new__(_PipelineScheduleRuntime)
-    runtime.pipeline_order = {}
-    runtime.pp_group_size = num_ranks
-    runtime._num_stages = num_stages
-    runtime._n_microbatches = n_microbatches
-    runtime._stages = []
-    runtime._defer_pp_recv = False
-    _load_csv_text(runtime, csv_text)
-    return runtime.pipeline_order, runtime.pipeline_order_with_comms, runtime.stage_index_to_group_rank
-
-
-def _load_csv_text(runtime: _PipelineScheduleRuntime, csv_text: str) -> None:
-    fd, path = tempfile.mkstemp(suffix=".csv")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(csv_text)
-        runtime._load_csv(path, format="compute_only")
-    finally:
-        os.unlink(path)
 
 
 # -- per-(stage, microbatch) saved state ------------------------------------------------------------
@@ -563,12 +534,11 @@ class PlanExecutor:
         recorder = self.recorder
         pending: list[tuple[str, int, int]] = []
         posted: dict[int, tuple[str, int, int, Any]] = {}
-        batch, wait = _schedules._batch_p2p, _schedules._wait_batch_p2p
         self._ran_before = set()
 
-        def batch_p2p(p2p_ops, desc=None):
+        def batch_p2p(batch, p2p_ops, desc):
             start = recorder.mark() if recorder is not None else None
-            works = batch(p2p_ops, desc) if desc is not None else batch(p2p_ops)
+            works = batch(p2p_ops, desc=desc)
             if pending:
                 kind, k, mb = pending.pop()
                 if kind.startswith("SEND"):
@@ -578,7 +548,7 @@ class PlanExecutor:
                     posted[id(works)] = (kind, k, mb, start)
             return works
 
-        def wait_batch_p2p(works):
+        def wait_batch_p2p(wait, works):
             entry = posted.pop(id(works), None)
             if entry is not None:
                 kind, k, mb, start = entry
@@ -599,11 +569,10 @@ class PlanExecutor:
                     pending[:] = [(_kind, _k, mb)]
                     return _m(mb, *a, **kw)
                 setattr(stage, name, labelled)
-        _schedules._batch_p2p, _schedules._wait_batch_p2p = batch_p2p, wait_batch_p2p
         try:
-            yield
+            with p2p_hooks(batch_p2p, wait_batch_p2p):
+                yield
         finally:
-            _schedules._batch_p2p, _schedules._wait_batch_p2p = batch, wait
             for stage, name, own in originals:
                 if own is None:
                     del stage.__dict__[name]
@@ -663,36 +632,6 @@ def _set_rng_state(state: tuple) -> None:
 
 
 # -- the public entry points -----------------------------------------------------------------------
-class _PlanRuntime(_PipelineScheduleRuntime):
-    """torch's runtime, with losses kept per microbatch: a plan may run the last stage's forwards out
-    of microbatch order (torch appends losses in call order and reads them by microbatch index)."""
-
-    def _maybe_compute_loss(self, stage, output, target_mbs, mb_index, loss_kwargs=None):
-        if stage.is_last and self._loss_fn is not None:
-            loss = self._compute_loss(output, target_mbs[mb_index], loss_kwargs)  # type: ignore[index]
-            self._losses_by_mb()[mb_index] = loss
-
-    def _maybe_get_loss(self, stage, mb_index):
-        if stage.is_last and self._loss_fn is not None:
-            losses = self._losses_by_mb()
-            if mb_index not in losses:
-                raise RuntimeError(f"loss of microbatch {mb_index} is not available (forwards done:"
-                                   f" {sorted(losses)})")
-            return losses[mb_index]
-        return None
-
-    def _update_losses(self, stages, losses):
-        by_mb = self._losses_by_mb()
-        self._internal_losses[:] = [by_mb[i] for i in sorted(by_mb)]
-        by_mb.clear()
-        super()._update_losses(stages, losses)
-
-    def _losses_by_mb(self) -> dict[int, torch.Tensor]:
-        if not hasattr(self, "_pipeplan_losses"):
-            self._pipeplan_losses: dict[int, torch.Tensor] = {}
-        return self._pipeplan_losses
-
-
 def same_shape(a: Problem, b: Problem) -> list[str]:
     """Why a plan of `b` cannot run on stages built for `a` (empty when it can)."""
     out = []
@@ -708,7 +647,7 @@ def same_shape(a: Problem, b: Problem) -> list[str]:
 class PlannedSchedule:
     """torch's runtime schedule loaded from a plan, plus the executor of its memory actions."""
 
-    schedule: _PipelineScheduleRuntime
+    schedule: ScheduleRuntime
     executor: PlanExecutor
     problem: Problem
     plan: Plan
@@ -770,7 +709,7 @@ class PlannedSchedule:
         elif plan.problem_key != self.plan.problem_key:
             raise ValueError(f"plan is for {plan.problem_key[:12]}…, not {self.plan.problem_key[:12]}…")
         self.executor.load(plan)
-        _load_csv_text(self.schedule, torch_csv(target, plan))
+        load_csv_text(self.schedule, torch_csv(target, plan))
         self.plan, self.problem = plan, target
 
 
@@ -797,12 +736,12 @@ def build_schedule(problem: Problem, plan: Plan, stages: list, loss_fn: Callable
         raise ValueError(f"rank {rank} holds stages {sorted(have)} but the plan puts {sorted(expected)} here")
     if stages[0].num_stages != problem.num_stages:
         raise ValueError(f"the model has {stages[0].num_stages} stages; the problem has {problem.num_stages}")
-    schedule = _PlanRuntime(stages=stages, n_microbatches=problem.num_microbatches,
-                            loss_fn=loss_fn, scale_grads=scale_grads)
+    schedule = KeyedLossRuntime(stages=stages, n_microbatches=problem.num_microbatches,
+                                loss_fn=loss_fn, scale_grads=scale_grads)
     executor = PlanExecutor(stages, rank, emulation=emulation, trace=trace,
                             synchronous_copies=synchronous_copies)
     executor.load(plan)
-    _load_csv_text(schedule, torch_csv(problem, plan))
+    load_csv_text(schedule, torch_csv(problem, plan))
     return PlannedSchedule(schedule, executor, problem, plan)
 
 

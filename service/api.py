@@ -168,7 +168,9 @@ def links(key: str) -> dict[str, str]:
     return {"self": base, "events": f"{base}/events", "revisions": f"{base}/revisions",
             "refine": f"{base}/refine", "cancel": f"{base}/cancel", "job": f"{base}/job",
             "problem": f"{base}/problem", "torch_csv": f"{base}/export/torch.csv",
-            "chrome_trace": f"{base}/export/chrome-trace.json"}
+            "chrome_trace": f"{base}/export/chrome-trace.json", "runtimes": f"{base}/export/runtimes.json",
+            "torchtitan_args": f"{base}/export/torchtitan.args",
+            "megatron_args": f"{base}/export/megatron.args"}
 
 
 def job_view(job: JobInfo | None) -> JobView | None:
@@ -623,10 +625,17 @@ _EXPORT_RESPONSES = {304: {"description": "Not modified (If-None-Match)"},
                      404: {"description": "Unknown key or revision"}}
 
 
+_REFUSABLE_RESPONSES = {**_EXPORT_RESPONSES,
+                        409: {"description": "The plan cannot be expressed in that format; the message says why"}}
+_CACHED = ("Built once per revision and cached; ETag per revision (If-None-Match: 304), gzip with"
+           " `Accept-Encoding: gzip`.")
+
+
 @router.get("/plans/{key}/export/torch.csv", summary="torch.distributed.pipelining schedule CSV",
-            description="Built once per revision and cached; ETag per revision (If-None-Match: 304), gzip with"
-            " `Accept-Encoding: gzip`.",
-            response_class=Response, responses=_EXPORT_RESPONSES, dependencies=[Depends(require_read)])
+            description="The CSV torch's stock `_PipelineScheduleRuntime` (and torchtitan) runs: microbatches"
+            " renumbered so the last stage's forwards run in order, compute order only; 409 when the plan"
+            " needs offload or recompute to fit (runtimes.json says who runs it). " + _CACHED,
+            response_class=Response, responses=_REFUSABLE_RESPONSES, dependencies=[Depends(require_read)])
 async def export_torch_csv(key: str, request: Request,
                            revision: int | None = Query(None, ge=1, le=MAX_REVISION),
                            if_none_match: str | None = Header(None),
@@ -635,14 +644,37 @@ async def export_torch_csv(key: str, request: Request,
 
 
 @router.get("/plans/{key}/export/chrome-trace.json", summary="Chrome / Perfetto trace of the plan",
-            description="Built once per revision and cached; ETag per revision (If-None-Match: 304), gzip with"
-            " `Accept-Encoding: gzip`.",
+            description=_CACHED,
             responses=_EXPORT_RESPONSES, dependencies=[Depends(require_read)])
 async def export_chrome_trace(key: str, request: Request,
                               revision: int | None = Query(None, ge=1, le=MAX_REVISION),
                               if_none_match: str | None = Header(None),
                               accept_encoding: str | None = Header(None)) -> Response:
     return await _export(request, key, revision, "chrome-trace.json", if_none_match, accept_encoding)
+
+
+def _text_export(kind: str, summary: str, description: str, refusable: bool = True) -> None:
+    """A GET route for one more export kind (same caching, ETag and gzip as above)."""
+    async def export(key: str, request: Request, revision: int | None = Query(None, ge=1, le=MAX_REVISION),
+                     if_none_match: str | None = Header(None),
+                     accept_encoding: str | None = Header(None)) -> Response:
+        return await _export(request, key, revision, kind, if_none_match, accept_encoding)
+
+    router.get(f"/plans/{{key}}/export/{kind}", summary=summary, description=description + " " + _CACHED,
+               response_class=Response, responses=_REFUSABLE_RESPONSES if refusable else _EXPORT_RESPONSES,
+               dependencies=[Depends(require_read)], name=f"export_{kind.replace('.', '_')}")(export)
+
+
+_text_export("runtimes.json", "Which runtimes run the plan as planned",
+             "`pipeplan.runtimes/v1`: pipeplan's runtime, torch's, torchtitan and Megatron-LM, each with"
+             " whether it runs the plan as planned and why not.", refusable=False)
+_text_export("torchtitan.args", "torchtitan 0.3 command-line overrides",
+             "The `--parallelism.*` and `--training.*` overrides that agree with torch.csv (saved as"
+             " schedule.csv in the job's working directory), one per line; 409 when torchtitan cannot express"
+             " the plan.")
+_text_export("megatron.args", "Megatron-LM arguments",
+             "Pipeline size, layout (partition and virtual stages), batch and recompute arguments, one per"
+             " line, shell-quoted; 409 when Megatron-LM cannot place the plan.")
 
 
 __all__ = ["router", "ApiError"]

@@ -26,6 +26,11 @@ from typing import Any, BinaryIO
 KINDS: dict[str, tuple[str, str]] = {  # kind -> (media type, download file suffix)
     "torch.csv": ("text/csv", ".csv"),
     "chrome-trace.json": ("application/json", ".trace.json"),
+    # torchtitan's overrides name the CSV "schedule.csv": save torch.csv under that name in the job's
+    # working directory (the service cannot know the job's paths; `pipeplan export torchtitan` can)
+    "torchtitan.args": ("text/plain", ".torchtitan.args"),
+    "megatron.args": ("text/plain", ".megatron.args"),
+    "runtimes.json": ("application/json", ".runtimes.json"),
 }
 CHUNK = 256 * 1024
 
@@ -40,14 +45,24 @@ def etag_of(key: str, revision: int, kind: str) -> str:
 
 
 def render(problem: Any, plan: Any, kind: str) -> bytes:
-    """The export's bytes (planner.exports); runs in the child process."""
+    """The export's bytes; runs in the child process. Raises planner.exports.ExportRefused when the
+    plan cannot be expressed in that format. torch.csv is the CSV torch's stock runtime runs
+    (planner.exports.torch_schedule: renumbered, compute order only), as torchtitan.args expects."""
     import json
 
-    from pipeplan.planner.exports import chrome_trace, torch_csv
+    from pipeplan.planner.exports import chrome_trace, torch_schedule
+    from pipeplan.planner.megatron_args import megatron_export
+    from pipeplan.planner.runtimes import runtimes_document
+    from pipeplan.planner.torchtitan_args import torchtitan_export
 
     if kind == "torch.csv":
-        return torch_csv(problem, plan).encode()
-    return json.dumps(chrome_trace(problem, plan), separators=(",", ":")).encode()
+        return torch_schedule(problem, plan).csv(problem).encode()
+    if kind == "torchtitan.args":
+        return torchtitan_export(problem, plan, "schedule.csv").args_text().encode()
+    if kind == "megatron.args":
+        return ("\n".join(megatron_export(problem, plan).lines()) + "\n").encode()
+    document = runtimes_document(problem, plan) if kind == "runtimes.json" else chrome_trace(problem, plan)
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
 def _replace(path: Path, write: Callable[[BinaryIO], Any]) -> None:
@@ -77,6 +92,7 @@ def build(job: dict[str, Any]) -> dict[str, Any]:
     """Child-process entry (service.inline.run_in_child): load the revision, render, store gzipped.
     Returns {"path", "bytes"} or {"error": {...}} (404 when the revision does not exist)."""
     from pipeplan.planner.contract import Plan
+    from pipeplan.planner.exports import ExportRefused
     from pipeplan.service.db import make_engine
     from pipeplan.service.repository import Repository
 
@@ -91,7 +107,11 @@ def build(job: dict[str, Any]) -> dict[str, Any]:
     if problem is None or plan_json is None:
         return {"error": {"status": 404, "code": "not_found", "message": f"no revision {revision} for key {key}",
                           "extra": {}}}
-    data = render(problem, Plan.model_validate_json(plan_json), kind)
+    try:
+        data = render(problem, Plan.model_validate_json(plan_json), kind)
+    except ExportRefused as exc:  # the plan, not the request, is what the format cannot hold
+        return {"error": {"status": 409, "code": "not_exportable", "message": f"{kind}: {exc}",
+                          "extra": {"revision": revision}}}
     path = Path(job["path"])
     write_atomically(path, data)
     return {"path": str(path), "bytes": len(data)}

@@ -72,7 +72,7 @@ def test_memory_actions_list_exactly_the_planned_pairs(v_memory_case):
 @pytest.mark.parametrize("case", ["one_f_one_b_case", "v_memory_case"])
 def test_torch_own_loader_accepts_the_csv(case, request):
     pytest.importorskip("torch")
-    from pipeplan.client.torch_runtime import parse_torch_csv
+    from pipeplan.client.torch_internals import parse_torch_csv
 
     problem, plan = request.getfixturevalue(case)
     order, with_comms, stage_to_rank = parse_torch_csv(
@@ -87,7 +87,7 @@ def test_torch_own_loader_accepts_the_csv(case, request):
 @pytest.mark.torch
 def test_torch_loader_rejects_a_backward_before_its_forward(one_f_one_b_case):
     pytest.importorskip("torch")
-    from pipeplan.client.torch_runtime import parse_torch_csv
+    from pipeplan.client.torch_internals import parse_torch_csv
 
     problem, plan = one_f_one_b_case
     rows = torch_csv(problem, plan).splitlines()
@@ -129,7 +129,7 @@ def test_chrome_trace_structure_durations_and_memory(v_memory_case):
 def test_every_baseline_plan_loads_in_torch(placement, chunks, memory):
     """Whatever heuristic produced a plan (interleaved, zero-bubble, V, offloading), torch accepts it."""
     pytest.importorskip("torch")
-    from pipeplan.client.torch_runtime import parse_torch_csv
+    from pipeplan.client.torch_internals import parse_torch_csv
     from pipeplan.planner.baselines import compare, run_baseline
 
     doc = problem_doc(p=4, m=8, chunks=chunks, placement=placement, p2p=0.05, offload=True, recompute=True)

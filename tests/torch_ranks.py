@@ -191,15 +191,101 @@ def reference_grads(num_stages: int, microbatches: int):
 
 def spawn(jobs: list[tuple[Problem, list[Plan]]], out_dir: str, steps_per_plan: int = 1) -> list[list[dict]]:
     """Run every job on one set of ranks (one process start for all); reports[job][rank]."""
+    payload = [(problem.model_dump_json(), [p.model_dump_json() for p in plans]) for problem, plans in jobs]
+    return _spawn(run_rank, jobs[0][0].num_devices, payload, out_dir, steps_per_plan)
+
+
+def _spawn(target, world: int, payload: list, out_dir: str, *extra) -> list[list[dict]]:
     import torch.multiprocessing as mp
 
-    world = jobs[0][0].num_devices
-    assert all(problem.num_devices == world for problem, _ in jobs)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    payload = [(problem.model_dump_json(), [p.model_dump_json() for p in plans]) for problem, plans in jobs]
-    mp.spawn(run_rank, nprocs=world, args=(world, free_port(), payload, out_dir, steps_per_plan), join=True)
+    mp.spawn(target, nprocs=world, args=(world, free_port(), payload, out_dir, *extra), join=True)
     per_rank = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
-    return [[per_rank[r][j] for r in range(world)] for j in range(len(jobs))]
+    return [[per_rank[r][j] for r in range(world)] for j in range(len(payload))]
+
+
+def spawn_torch_csv(jobs: list[tuple[Problem, str]], out_dir: str) -> list[list[dict]]:
+    """Each (problem, CSV) on torch's own runtime and loader, no pipeplan code on the ranks:
+    `_PipelineScheduleRuntime` with real `PipelineStage`s, `_load_csv(path)`, one step; reports[job][rank]
+    holds this rank's gradients per stage."""
+    payload = [(problem.model_dump_json(), csv) for problem, csv in jobs]
+    return _spawn(run_torch_csv_rank, jobs[0][0].num_devices, payload, out_dir)
+
+
+def run_torch_csv_rank(rank: int, world: int, port: int, jobs: list[tuple[str, str]], out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        reports = []
+        for n, (problem_json, csv_text) in enumerate(jobs):
+            problem = Problem.model_validate_json(problem_json)
+            layers = make_layers(problem.num_stages)
+            mine = problem.stages_of(rank)
+            stages = [PipelineStage(layers[k], k, problem.num_stages, torch.device("cpu")) for k in mine]
+            schedule = _PipelineScheduleRuntime(stages, n_microbatches=problem.num_microbatches, loss_fn=mse)
+            path = Path(out_dir, f"job{n}.csv")
+            if rank == 0:
+                path.write_text(csv_text)
+            dist.barrier()
+            schedule._load_csv(str(path))
+            x, y = batch(problem.num_microbatches)
+            args = (x,) if 0 in mine else ()
+            kwargs = {"target": y} if problem.num_stages - 1 in mine else {}
+            schedule.step(*args, **kwargs)
+            reports.append({"grads": {str(k): [g.tolist() for g in grads_of(layers[k])] for k in mine}})
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(reports))
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_torchtitan(world: int, jobs: list[tuple[object, int, int]], out_dir: str) -> list[list[dict]]:
+    """Each (torchtitan ParallelismConfig, local batch size, stages) through torchtitan's own schedule
+    builder (`_build_pipeline_schedule`, which loads the CSV the config names) on `world` gloo ranks,
+    each rank building the stages torchtitan's placement rule gives it; reports[job][rank]."""
+    return _spawn(run_torchtitan_rank, world, jobs, out_dir)
+
+
+def run_torchtitan_rank(rank: int, world: int, port: int, jobs: list, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+    from torchtitan.distributed.pipeline_parallel import (
+        _build_pipeline_schedule,
+        _get_pp_rank_to_stage_indices_mapping,
+    )
+
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        reports = []
+        for parallelism, local_batch_size, num_stages in jobs:
+            mine = _get_pp_rank_to_stage_indices_mapping(rank, world, parallelism.pipeline_parallel_schedule,
+                                                         num_stages)
+            layers = make_layers(num_stages)
+            stages = [PipelineStage(layers[k], k, num_stages, torch.device("cpu")) for k in mine]
+            microbatches = local_batch_size // parallelism.pipeline_parallel_microbatch_size
+
+            def loss_fn(output, target, _m=microbatches):  # torchtitan's losses return (loss, extra);
+                return mse(output, target) / _m, None  # its schedule does not scale the gradients
+
+            schedule = _build_pipeline_schedule(parallelism=parallelism, local_batch_size=local_batch_size,
+                                                stages=stages, loss_fn=loss_fn)
+            x, y = batch(microbatches)
+            args = (x,) if 0 in mine else ()
+            kwargs = {"target": y} if num_stages - 1 in mine else {}
+            schedule.step(*args, **kwargs)
+            reports.append({"stages": list(mine), "schedule": type(schedule).__name__,
+                            "grads": {str(k): [g.tolist() for g in grads_of(layers[k])] for k in mine}})
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(reports))
+    finally:
+        dist.destroy_process_group()
 
 
 def emulated_problem(m: int = 8, unit_ms: float = 20.0, copy_ms: float = 20.0, p2p_ms: float = 1.0) -> Problem:

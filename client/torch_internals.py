@@ -1,0 +1,169 @@
+"""The private parts of torch.distributed.pipelining that pipeplan's runtime uses, in one place,
+checked once against the installed torch.
+
+torch has no public way to load a schedule CSV into a runtime, to observe a pipeline's sends and
+receives, or to keep losses per microbatch, so pipeplan's runtime (`client.torch_runtime`) uses:
+
+- `_PipelineScheduleRuntime`: `_load_csv` (which lowers a compute order to send/recv actions and
+  infers stage -> rank), `pipeline_order_with_comms`, `stage_index_to_group_rank`, and its loss
+  bookkeeping (`_maybe_compute_loss`, `_compute_loss`, `_maybe_get_loss`, `_update_losses`,
+  `_internal_losses`), overridden by `KeyedLossRuntime`;
+- the module functions `_batch_p2p` / `_wait_batch_p2p` through which every schedule sends and
+  receives (`p2p_hooks`);
+- a stage's `forward_one_chunk`, `backward_one_chunk`, `backward_weight_one_chunk` and
+  `get_{fwd,bwd}_{send,recv}_ops` (not underscored, but undocumented), which the executor wraps.
+
+Private names change between releases: importing this module checks every one of them and raises
+one ImportError naming what is missing, with the versions pipeplan was tested with; a torch outside
+`TESTED` that has them all gets one warning. Sends and receives are observed by wrapping
+`_batch_p2p` / `_wait_batch_p2p` once for the process with functions that call the originals
+unless the calling thread is inside `p2p_hooks`: another schedule in the same process, on another
+thread or outside a step, runs exactly as without pipeplan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.distributed.pipelining import schedules as _schedules
+from torch.distributed.pipelining import stage as _stage
+
+TESTED = ("2.13",)  # torch minor versions the runtime's tests pass on
+
+_REQUIRED = (  # (owner, its names)
+    (_schedules, ("_PipelineScheduleRuntime", "_Action", "_batch_p2p", "_wait_batch_p2p")),
+    (getattr(_schedules, "_PipelineScheduleRuntime", None), (
+        "_load_csv", "_maybe_compute_loss", "_compute_loss", "_maybe_get_loss", "_update_losses")),
+    (getattr(_stage, "_PipelineStageBase", None), (
+        "forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk", "get_fwd_send_ops",
+        "get_bwd_send_ops", "get_fwd_recv_ops", "get_bwd_recv_ops")),
+)
+
+
+def _check() -> None:
+    missing = [name for owner, names in _REQUIRED for name in names
+               if owner is None or not hasattr(owner, name)]
+    if missing:
+        raise ImportError(f"pipeplan's torch runtime needs torch.distributed.pipelining's"
+                          f" {', '.join(missing)}, which torch {torch.__version__} lacks; it is tested with"
+                          f" torch {', '.join(TESTED)}")
+    if ".".join(torch.__version__.split(".")[:2]) not in TESTED:
+        warnings.warn(f"pipeplan's torch runtime is tested with torch {', '.join(TESTED)}, not"
+                      f" {torch.__version__}; the private names it uses are present", stacklevel=3)
+
+
+_check()
+Action = _schedules._Action
+ScheduleRuntime = _schedules._PipelineScheduleRuntime
+
+
+def load_csv_text(runtime: ScheduleRuntime, csv_text: str) -> None:
+    """Load a compute-only schedule CSV into `runtime` with torch's own loader (it reads a file)."""
+    fd, path = tempfile.mkstemp(suffix=".csv")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(csv_text)
+        runtime._load_csv(path, format="compute_only")
+    finally:
+        os.unlink(path)
+
+
+def parse_torch_csv(csv_text: str, num_ranks: int, num_stages: int, n_microbatches: int
+                    ) -> tuple[dict[int, list[Action]], dict[int, list[Action]], dict[int, int]]:
+    """Load a schedule CSV with torch's own `_load_csv`, without a process group or stages.
+
+    Returns (compute-only order, order lowered with send/recv, stage -> rank). Raises whatever torch
+    raises for a malformed schedule, so a CSV that passes here is one the runtime accepts.
+    """
+    runtime = ScheduleRuntime.__new__(ScheduleRuntime)
+    runtime.pipeline_order = {}
+    runtime.pp_group_size = num_ranks
+    runtime._num_stages = num_stages
+    runtime._n_microbatches = n_microbatches
+    runtime._stages = []
+    runtime._defer_pp_recv = False
+    load_csv_text(runtime, csv_text)
+    return runtime.pipeline_order, runtime.pipeline_order_with_comms, runtime.stage_index_to_group_rank
+
+
+class KeyedLossRuntime(ScheduleRuntime):
+    """torch's runtime, with losses kept per microbatch: a plan may run the last stage's forwards out
+    of microbatch order (torch appends losses in call order and reads them by microbatch index)."""
+
+    def _maybe_compute_loss(self, stage, output, target_mbs, mb_index, loss_kwargs=None):
+        if stage.is_last and self._loss_fn is not None:
+            loss = self._compute_loss(output, target_mbs[mb_index], loss_kwargs)  # type: ignore[index]
+            self._losses_by_mb()[mb_index] = loss
+
+    def _maybe_get_loss(self, stage, mb_index):
+        if stage.is_last and self._loss_fn is not None:
+            losses = self._losses_by_mb()
+            if mb_index not in losses:
+                raise RuntimeError(f"loss of microbatch {mb_index} is not available (forwards done:"
+                                   f" {sorted(losses)})")
+            return losses[mb_index]
+        return None
+
+    def _update_losses(self, stages, losses):
+        by_mb = self._losses_by_mb()
+        self._internal_losses[:] = [by_mb[i] for i in sorted(by_mb)]
+        by_mb.clear()
+        super()._update_losses(stages, losses)
+
+    def _losses_by_mb(self) -> dict[int, torch.Tensor]:
+        if not hasattr(self, "_pipeplan_losses"):
+            self._pipeplan_losses: dict[int, torch.Tensor] = {}
+        return self._pipeplan_losses
+
+
+# -- sends and receives ------------------------------------------------------------------------------
+BatchHook = Callable[[Callable[..., Any], list, Any], Any]  # (torch's _batch_p2p, p2p_ops, desc) -> works
+WaitHook = Callable[[Callable[[Any], None], Any], None]  # (torch's _wait_batch_p2p, works)
+
+_local = threading.local()
+_install_lock = threading.Lock()
+_installed = False
+
+
+def _install() -> None:
+    """Route torch's `_batch_p2p` / `_wait_batch_p2p` through this thread's hooks, once per process."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        batch, wait = _schedules._batch_p2p, _schedules._wait_batch_p2p
+
+        def batch_p2p(p2p_ops, desc=None):
+            hooks = getattr(_local, "hooks", None)
+            return batch(p2p_ops, desc=desc) if hooks is None else hooks[0](batch, p2p_ops, desc)
+
+        def wait_batch_p2p(works):
+            hooks = getattr(_local, "hooks", None)
+            return wait(works) if hooks is None else hooks[1](wait, works)
+
+        _schedules._batch_p2p, _schedules._wait_batch_p2p = batch_p2p, wait_batch_p2p
+        _installed = True
+
+
+@contextlib.contextmanager
+def p2p_hooks(batch: BatchHook, wait: WaitHook) -> Iterator[None]:
+    """Within the block, on this thread only, torch's schedules send and receive through
+    `batch(torch_batch_p2p, p2p_ops, desc)` and `wait(torch_wait_batch_p2p, works)`."""
+    _install()
+    outer = getattr(_local, "hooks", None)
+    _local.hooks = (batch, wait)
+    try:
+        yield
+    finally:
+        _local.hooks = outer
+
+
+__all__ = ["TESTED", "Action", "KeyedLossRuntime", "ScheduleRuntime", "load_csv_text", "p2p_hooks",
+           "parse_torch_csv"]
