@@ -59,12 +59,21 @@ from .bounds import MemoryInfeasibleError, check_memory_feasible, lower_bound
 from .contract import DevicePlan, Plan, PlanOp, Problem
 from .memory import memory_curve
 from .ops import Choice, Kind, Lane, Op, op_of
-from .simulator import DeviceOrder, Gate, Schedule, ScheduleError, Timing, schedule_from_plan, simulate
+from .simulator import (
+    DeadlockError,
+    DeviceOrder,
+    Gate,
+    Schedule,
+    ScheduleError,
+    Timing,
+    schedule_from_plan,
+    simulate,
+)
 from .transfers import prune_plan
 from .validator import InvalidPlanError, validate_plan
 
 NEIGHBOUR_FORMAT = "pipeplan.neighbours/v1"
-REPAIR_S = 2.0  # default time box of the repair rounds: the service's first plan waits up to ~3 s
+REPAIR_S = 3.0  # the repair rounds' default time box: the service's first plan waits up to 3 s for its greedy
 MAX_ROUNDS = 64
 TOL = 1e-9
 
@@ -168,9 +177,11 @@ class Reuse:
 
 
 def reuse_plan(problem: Problem, neighbour: Problem, plan: Plan, problem_key: str | None = None,
-               time_limit_s: float = REPAIR_S) -> Reuse:
+               time_limit_s: float = REPAIR_S, validate: bool = True) -> Reuse:
     """`plan` (a validated plan of `neighbour`) adapted to `problem`: see the module docstring.
-    Never raises for a plan that does not apply; the reason says why."""
+    Never raises for a plan that does not apply; the reason says why. `validate=False` leaves the
+    final validation to a caller that validates anyway (a repository validates every plan it
+    stores: validating twice is about a second at 12,000 ops)."""
     started = time.monotonic()
     key = problem_key or problem.key()
     source = plan.problem_key
@@ -181,13 +192,15 @@ def reuse_plan(problem: Problem, neighbour: Problem, plan: Plan, problem_key: st
     diff = difference(problem, neighbour)
     if diff is not None:
         return answer(None, "", f"not a neighbour: {diff}")
+    if source != neighbour.key():
+        return answer(None, "", f"the plan is not the neighbour's: its problem_key is {source[:12]}…")
     try:
         check_memory_feasible(problem)
     except MemoryInfeasibleError as exc:
         return answer(None, "", str(exc))
     m_old, m_new = neighbour.num_microbatches, problem.num_microbatches
     if m_old == m_new:
-        kept = _as_is(problem, plan, key, _method(plan, source, "as is"))
+        kept = _as_is(problem, neighbour, plan, key, _method(plan, source, "as is"), validate)
         if kept is not None:
             return answer(kept, "as is")
         orders, how = plan, "re-timed"
@@ -207,7 +220,7 @@ def reuse_plan(problem: Problem, neighbour: Problem, plan: Plan, problem_key: st
         how += ", repaired"
     try:
         outcome = evaluate(problem, schedule, _method(plan, source, how), timing)
-        return answer(outcome.plan(key), how)
+        return answer(outcome.plan(key, validate), how)
     except (DoesNotFit, InvalidPlanError) as exc:  # a host memory cap, which nothing here treats
         reason = exc.violations[0] if isinstance(exc, InvalidPlanError) else str(exc)
         return answer(None, how, f"the {how} plan is invalid: {reason}")
@@ -237,18 +250,25 @@ def _method(plan: Plan, source: str, how: str) -> str:
     return f"reuse of {source[:12]} ({how}): {root}"
 
 
-def _as_is(problem: Problem, plan: Plan, key: str, method: str) -> Plan | None:
-    """The plan itself as a plan of `problem` (its own bound), when it validates here; without the
-    treatments this budget does not need."""
+def _as_is(problem: Problem, neighbour: Problem, plan: Plan, key: str, method: str,
+           validate: bool) -> Plan | None:
+    """The plan itself as a plan of `problem` (its own bound) when it fits here: same ops, costs and
+    sizes, every device's peak (and pinned host memory) within its limits; without the treatments
+    this budget does not need."""
+    change = distance(problem, neighbour)
+    if change.costs or change.memory or problem.num_microbatches != neighbour.num_microbatches:
+        return None
+    capped = any(math.isfinite(problem.host_limit_of(d)) for d in range(problem.num_devices))
+    if over_limit(problem, plan.peak_memory_mib) or (capped and plan.host_memory_mib is None) or any(
+            h > problem.host_limit_of(d) * (1 + TOL) for d, h in enumerate(plan.host_memory_mib or [])):
+        return None
     bound = lower_bound(problem)
     candidate = plan.model_copy(update={
         "problem_key": key, "revision": 1, "method": method, "solver_bound_ms": None,
         "lower_bound_ms": min(bound, plan.makespan_ms),
         "status": "optimal" if plan.makespan_ms <= bound * (1 + TOL) else "feasible"})
-    if validate_plan(problem, candidate, key):
-        return None
-    thin = prune_plan(problem, candidate)
-    return thin if thin is candidate or not validate_plan(problem, thin, key) else candidate
+    candidate = prune_plan(problem, candidate)
+    return None if validate and validate_plan(problem, candidate, key) else candidate
 
 
 # -- orders -----------------------------------------------------------------------------------------
@@ -332,14 +352,15 @@ def resized(plan: Plan, problem: Problem, m_new: int) -> Plan:
 
 
 # -- repair ---------------------------------------------------------------------------------------
+Relief = Callable[[Schedule], None]  # a change to a schedule, in place
+
+
 def _repair(problem: Problem, schedule: Schedule, timing: Timing,
             deadline: float) -> tuple[Schedule, Timing] | str:
-    """Relieve each over-limit device at its worst instant, in place, until every device fits
-    (module docstring, step 4): the repaired schedule and its timing, or why there is none. The
-    memory gates keep every other allocation behind the releases it followed, so a relief lowers
-    the device's memory where it acts and raises it nowhere."""
-    schedule = Schedule([DeviceOrder(list(o.compute), list(o.d2h), list(o.h2d)) for o in schedule.devices],
-                        list(schedule.gates))
+    """Relieve each over-limit device at its worst instant until every device fits (module
+    docstring, step 4): the repaired schedule and its timing, or why there is none. The memory
+    gates keep every other allocation behind the releases it followed, so a relief lowers the
+    device's memory where it acts and raises it nowhere."""
     for _ in range(MAX_ROUNDS):
         worst = _worst_instants(problem, schedule, timing)
         if not worst:
@@ -348,48 +369,85 @@ def _repair(problem: Problem, schedule: Schedule, timing: Timing,
         where = f"device {d} is {excess:.1f} MiB over its limit at {at:.1f} ms"
         if time.monotonic() > deadline:
             return f"the repair ran out of time: {where}"
-        reliefs = [r for d, at, excess in worst for r in _reliefs(problem, schedule, timing, d, at, excess)]
-        if not reliefs:
+        taken: set = set()  # what this round's reliefs already act on (one instant's may cover the next)
+        reliefs = [r for d, at, excess in worst for r in _reliefs(problem, schedule, timing, d, at, excess, taken)]
+        applied = _apply(problem, schedule, reliefs, deadline)
+        if applied is None:
             return f"{where}, and nothing held there can be offloaded, recomputed, freed or delayed"
-        for relief in reliefs:
-            relief()
-        try:
-            timing = simulate(problem, schedule)
-        except ScheduleError as exc:
-            return f"the repaired orders do not apply: {exc}"
+        schedule, timing = applied
     return f"no fit after {MAX_ROUNDS} repair rounds"
 
 
+def _apply(problem: Problem, schedule: Schedule, reliefs: list[tuple[Relief, bool]],
+           deadline: float) -> tuple[Schedule, Timing] | None:
+    """The schedule with every relief, and its timing. Reliefs marked safe cannot make the orders wait
+    in a circle (treatments, W's run earlier, waits for a copy under way); the others can (moved
+    forwards, waits for a compute op): when all together do, the safe ones are kept and the others
+    added by halves, a half that deadlocks split again, until the deadline. None: nothing kept."""
+    kept = _trial(problem, schedule, [r for r, _ in reliefs])
+    if kept is not None:
+        return kept
+    safe = [r for r, ok in reliefs if ok]
+    kept = _trial(problem, schedule, safe) if safe else None
+    pending = [[r for r, ok in reliefs if not ok]]
+    while pending and time.monotonic() < deadline:
+        part = pending.pop(0)
+        got = _trial(problem, kept[0] if kept else schedule, part)
+        if got is not None:
+            kept = got
+        elif len(part) > 1:
+            pending[:0] = [part[:len(part) // 2], part[len(part) // 2:]]
+    return kept
+
+
+def _trial(problem: Problem, schedule: Schedule, reliefs: list[Relief]) -> tuple[Schedule, Timing] | None:
+    """A copy of the schedule with the reliefs, and its timing; None when its orders deadlock."""
+    trial = _copy(schedule)
+    for relief in reliefs:
+        relief(trial)
+    try:
+        return trial, simulate(problem, trial)
+    except DeadlockError:
+        return None
+
+
+def _copy(schedule: Schedule) -> Schedule:
+    return Schedule([DeviceOrder(list(o.compute), list(o.d2h), list(o.h2d)) for o in schedule.devices],
+                    list(schedule.gates))
+
+
 def _worst_instants(problem: Problem, schedule: Schedule, timing: Timing) -> list[tuple[int, float, float]]:
-    """(device, time, MiB over the limit) at each over-limit device's highest point, worst first."""
+    """(device, time, MiB over the limit) at the highest point of each stretch of time a device is
+    over its limit, worst first: a steady state over its limit in every period is relieved in one
+    round, not one period per round."""
     out = []
     for d in over_limit(problem, peaks_of(problem, schedule, timing)):
         order = schedule.devices[d]
+        limit = problem.limit_of(d) * (1 + TOL)
         curve = memory_curve(problem, d, timing.timed(order.compute + order.d2h + order.h2d), timing.choices)
-        at, level = max(curve, key=lambda point: point[1])
-        out.append((d, at, level - problem.limit_of(d)))
+        for over, stretch in itertools.groupby(curve, key=lambda point: point[1] > limit):
+            if over:
+                at, level = max(stretch, key=lambda point: point[1])
+                out.append((d, at, level - problem.limit_of(d)))
     return sorted(out, key=lambda x: -x[2])
 
 
-Relief = Callable[[], None]
-
-
 def _reliefs(problem: Problem, schedule: Schedule, timing: Timing, device: int, at: float,
-             excess: float) -> list[Relief]:
+             excess: float, taken: set) -> list[tuple[Relief, bool]]:
     """Changes that free memory on `device` at `at`, cheapest first, until they cover `excess`:
     offload an activation held there (free when the copy lane has room: its copy, queued behind the
     device's earlier offloads, is out by `at` and can be back before the backward); run a pending W
     before the op that allocates at `at` (it had to run anyway); recompute a held activation (one
-    more forward); last, delay that allocation until a copy under way has freed its memory."""
+    more forward); last, delay that allocation (`_delays`). What `taken` holds is left alone; what
+    is chosen is added to it."""
     opts = problem.options
     order = schedule.devices[device]
-    stages = problem.stages_of(device)
     alloc = [op for op in order.compute + order.h2d
              if op.kind.value in _ALLOCATING and abs(timing.times[op][0] - at) <= TOL * max(1.0, at)]
     offloads = sorted((timing.times[Op(Kind.F, o.stage, o.mb)][1], timing.times[o][1]) for o in order.d2h)
     ready, lane_free = [f for f, _ in offloads], list(itertools.accumulate((e for _, e in offloads), max))
     cheap, pulls, dear = [], [], []
-    for k in stages:
+    for k in problem.stages_of(device):
         s = problem.stages[k]
         for i in range(problem.num_microbatches):
             choice = timing.choices[(k, i)]
@@ -406,21 +464,24 @@ def _reliefs(problem: Problem, schedule: Schedule, timing: Timing, device: int, 
             elif opts.recompute and s.activation_mib > s.checkpoint_mib and back[0] - s.recompute_ms > at:
                 dear.append((back[0], s.activation_mib - s.checkpoint_mib, (k, i)))
     before = next((op for op in alloc if op.kind is not Kind.RELOAD), None)
-    options: list[tuple[float, Relief]] = []
-    options += [(mib, partial(_treat, problem, schedule, timing, pair, "offload"))
-                for _, mib, pair in sorted(cheap, reverse=True)]
+    options: list[tuple[float, object, Relief]] = []
+    options += [(mib, pair, partial(_offload, problem, timing, pair)) for _, mib, pair in sorted(cheap, reverse=True)]
     if before is not None:
-        options += [(mib, partial(_pull, order, w, before)) for mib, w in sorted(pulls, key=lambda x: -x[0])]
-    options += [(mib, partial(_treat, problem, schedule, timing, pair, "recompute"))
-                for _, mib, pair in sorted(dear, reverse=True)]
-    chosen, saved = [], 0.0
-    for mib, relief in options:
+        options += [(mib, w, partial(_pull, device, w, before)) for mib, w in sorted(pulls, key=lambda x: -x[0])]
+    options += [(mib, pair, partial(_recompute, problem, timing, pair)) for _, mib, pair in sorted(dear, reverse=True)]
+    chosen: list[tuple[Relief, bool]] = []
+    saved = 0.0
+    for mib, what, relief in options:
         if saved >= excess:
             break
-        chosen.append(relief)
-        saved += mib
+        if what not in taken:
+            taken.add(what)
+            chosen.append((relief, True))
+            saved += mib
     if saved < excess:
-        chosen += _delays(schedule, timing, order, alloc, at)
+        chosen += [(relief, safe) for op, relief, safe in _delays(problem, timing, device, order, alloc, at)
+                   if op not in taken]
+        taken.update(alloc)
     return chosen
 
 
@@ -428,66 +489,95 @@ def _backward(choice: Choice, k: int, i: int) -> Op:
     return Op(Kind.B if choice.split else Kind.BW, k, i)
 
 
-def _pull(order: DeviceOrder, w: Op, before: Op) -> None:
-    """Run W `w` right before `before` in the compute lane (it needs only its B, which ran already)."""
-    order.compute.remove(w)
-    order.compute.insert(order.compute.index(before), w)
-
-
-def _delays(schedule: Schedule, timing: Timing, order: DeviceOrder, alloc: list[Op], at: float) -> list[Relief]:
+def _delays(problem: Problem, timing: Timing, device: int, order: DeviceOrder, alloc: list[Op],
+            at: float) -> list[tuple[Op, Relief, bool]]:
     """Delay each allocation at `at` past a release that cannot wait on it: a forward or recompute
     until the first offload under way ends (its forward ran before); a reload until the next B or W
-    in the compute lane ends, if one runs before the reload's backward; else a forward moves after
-    the next release of its lane (the simulator reports it if that makes the orders wait in a
-    circle)."""
+    of the compute lane before its backward ends; else a forward moves after the next release of its
+    lane (`_postpone`). (allocation, relief, safe: see `_apply`)."""
     running = [o for o in order.d2h if timing.times[o][0] <= at < timing.times[o][1]]
-    out: list[Relief] = []
+    out: list[tuple[Op, Relief, bool]] = []
     for op in alloc:
         if op.kind is Kind.RELOAD:
-            back = next(o for o in order.compute if o.kind in (Kind.B, Kind.BW) and (o.stage, o.mb) == (op.stage, op.mb))
+            back = next(o for o in order.compute if o.kind in (Kind.B, Kind.BW) and o[1:] == op[1:])
             lane = order.compute[:order.compute.index(back)]
             release = next((o for o in lane if o.kind.value in _RELEASE_LANE and timing.times[o][1] > at), None)
             if release is not None:
-                out.append(partial(schedule.gates.append, Gate(op, release, at_end=True)))
+                out.append((op, partial(_gate, Gate(op, release, at_end=True)), False))
         elif running:
-            out.append(partial(schedule.gates.append, Gate(op, running[0], at_end=True)))
+            out.append((op, partial(_gate, Gate(op, running[0], at_end=True)), True))
         elif op.kind is Kind.F:
-            out.append(partial(_postpone, order, op))
+            out.append((op, partial(_postpone, problem, device, op), False))
     return out
 
 
-def _postpone(order: DeviceOrder, op: Op) -> None:
-    """Move compute op `op` right after the next release (B, W, BW) that follows it in its lane."""
-    at = order.compute.index(op)
-    later = order.compute[at + 1:]
-    n = next((n for n, o in enumerate(later) if o.kind.value in _RELEASE_LANE and o.mb != op.mb), None)
-    if n is not None and all(o.mb != op.mb for o in later[:n + 1]):
-        order.compute.insert(at + n + 1, order.compute.pop(at))
+def _gate(gate: Gate, schedule: Schedule) -> None:
+    schedule.gates.append(gate)
 
 
-def _treat(problem: Problem, schedule: Schedule, timing: Timing, pair: tuple[int, int], how: str) -> None:
-    """Add an offload or a recompute of `pair` to the schedule, in place. A recompute runs right before
-    its backward, once the backward above it has started (earlier, it would hold the memory it frees
-    longer, as the engine's trigger); an offload copies out in its forward's turn and back in its
-    backward's, starting with the compute op that leaves the copy time before the backward."""
+def _pull(device: int, w: Op, before: Op, schedule: Schedule) -> None:
+    """Run W `w` right before `before` in the compute lane (it needs only its B, which ran already)."""
+    lane = schedule.devices[device].compute
+    lane.remove(w)
+    lane.insert(lane.index(before), w)
+
+
+def _postpone(problem: Problem, device: int, op: Op, schedule: Schedule) -> None:
+    """Move forward `op` right after the next release (B, W, BW) of another microbatch j in its lane,
+    if no op of its own microbatch comes first; its microbatch's later forwards follow: each moves
+    after stage j's backward of its stage when it came before it (else that backward, which the
+    release waits for, would wait for the moved forward)."""
+    lane = schedule.devices[device].compute
+    at = lane.index(op)
+    n = next((n for n, o in enumerate(lane[at + 1:]) if o.kind.value in _RELEASE_LANE or o.mb == op.mb), None)
+    if n is None or lane[at + 1 + n].mb == op.mb:
+        return
+    j = lane[at + 1 + n].mb
+    _move(schedule, lane, at, at + 1 + n)
+    for k in range(op.stage + 1, problem.num_stages):
+        later = schedule.devices[problem.stages[k].device].compute
+        forward = later.index(Op(Kind.F, k, op.mb))
+        back = next(x for x, o in enumerate(later) if o.kind in (Kind.B, Kind.BW) and o[1:] == (k, j))
+        if forward < back:
+            _move(schedule, later, forward, back)
+
+
+def _move(schedule: Schedule, lane: list[Op], src: int, dst: int) -> None:
+    """Move lane[src] to just after lane[dst] (src < dst). A gate that waited for the moved op's
+    start (a reload's) now waits for the end of the op before its old place, the same moment in the
+    old timing: waiting for the moved op could now be a circle."""
+    op = lane.pop(src)
+    lane.insert(dst, op)
+    prev = lane[src - 1] if src > 0 else None
+    schedule.gates[:] = [g if g.after != op or g.at_end else Gate(g.op, prev, at_end=True)
+                         for g in schedule.gates if g.after != op or g.at_end or prev is not None]
+
+
+def _recompute(problem: Problem, timing: Timing, pair: tuple[int, int], schedule: Schedule) -> None:
+    """Recompute `pair` right before its backward, once the backward above it has started (earlier,
+    it would hold the memory it frees longer: the engine's trigger)."""
+    k, i = pair
+    lane = schedule.devices[problem.stages[k].device].compute
+    op = Op(Kind.RECOMPUTE, k, i)
+    lane.insert(lane.index(_backward(timing.choices[pair], k, i)), op)
+    if k + 1 < problem.num_stages:
+        schedule.gates.append(Gate(op, _backward(timing.choices[(k + 1, i)], k + 1, i)))
+
+
+def _offload(problem: Problem, timing: Timing, pair: tuple[int, int], schedule: Schedule) -> None:
+    """Offload `pair`: copied out in its forward's turn, back in its backward's, starting with the
+    compute op that leaves the copy time before the backward."""
     k, i = pair
     order = schedule.devices[problem.stages[k].device]
+    times = timing.times
     back = _backward(timing.choices[pair], k, i)
-    at = order.compute.index(back)
-    if how == "recompute":
-        op = Op(Kind.RECOMPUTE, k, i)
-        order.compute.insert(at, op)
-        if k + 1 < problem.num_stages:
-            schedule.gates.append(Gate(op, _backward(timing.choices[(k + 1, i)], k + 1, i)))
-        return
-    forward_end = timing.times[Op(Kind.F, k, i)][1]
-    back_start = timing.times[back][0]
-    order.d2h.insert(bisect.bisect_right([timing.times[Op(Kind.F, x.stage, x.mb)][1] for x in order.d2h],
-                                         forward_end), Op(Kind.OFFLOAD, k, i))
+    forward_end, back_start = times[Op(Kind.F, k, i)][1], times[back][0]
+    out_turns = [times[Op(Kind.F, x.stage, x.mb)][1] for x in order.d2h]
+    order.d2h.insert(bisect.bisect_right(out_turns, forward_end), Op(Kind.OFFLOAD, k, i))
     reload = Op(Kind.RELOAD, k, i)
-    order.h2d.insert(bisect.bisect_right([timing.times[_backward(timing.choices[(x.stage, x.mb)], x.stage, x.mb)][0]
-                                          for x in order.h2d], back_start), reload)
+    in_turns = [times[_backward(timing.choices[(x.stage, x.mb)], x.stage, x.mb)][0] for x in order.h2d]
+    order.h2d.insert(bisect.bisect_right(in_turns, back_start), reload)
     lead = back_start - problem.stages[k].reload_ms
-    before = [op for op in order.compute[:at] if timing.times[op][0] <= lead + TOL]
+    before = [op for op in order.compute[:order.compute.index(back)] if times.get(op, (math.inf,))[0] <= lead + TOL]
     if before:
         schedule.gates.append(Gate(reload, before[-1]))
