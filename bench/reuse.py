@@ -91,7 +91,10 @@ def measure_case(row_id: str, refine_s: float, limit_s: float, changes: list[str
 
     neighbour = case_problem(row_id)
     started = time.monotonic()
-    refined = solve(neighbour, refine_s, seed=0).plan if refine_s > 0 else first_plan(neighbour, neighbour.key())
+    if refine_s > 0:
+        refined = solve(neighbour, refine_s, seed=0).plan
+    else:
+        refined = first_plan(neighbour, neighbour.key())
     out = {"neighbour_ms": refined.makespan_ms, "refine_s": time.monotonic() - started,
            "P": neighbour.num_devices, "S": neighbour.num_stages, "M": neighbour.num_microbatches, "rows": {}}
     for label in changes:
@@ -130,7 +133,7 @@ def measure_change(problem: Problem, neighbour: Problem, refined: Plan, limit_s:
 def cell(ms: float | None, bound: float, extra: str = "") -> str:
     if ms is None:
         return "-"
-    gap = 100.0 * (ms / bound - 1) if bound > 0 else float("nan")
+    gap = max(0.0, 100.0 * (ms / bound - 1)) if bound > 0 else float("nan")  # -0.0: float noise
     return f"{ms:,.1f} ({gap:.1f}%){extra}"
 
 
@@ -160,12 +163,14 @@ def lines(row_id: str, result: dict[str, Any], limit_s: float) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated suite rows (bench/models.py --list)")
+    ap.add_argument("--cases", default=DEFAULT_CASES,
+                    help="comma-separated suite rows (bench/models.py --list)")
     ap.add_argument("--changes", default=",".join(CHANGES), help=f"comma-separated, of: {', '.join(CHANGES)}")
     ap.add_argument("--refine", type=float, default=10.0,
                     help="seconds the neighbour is solved for first (0: its revision 1 instead)")
     ap.add_argument("--limit", type=float, default=10.0, help="seconds of each solve (0: no solves)")
-    ap.add_argument("--quick", action="store_true", help=f"{QUICK_CASE} only, its revision 1 as the neighbour's plan, no solves")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{QUICK_CASE} only, its revision 1 as the neighbour's plan, no solves")
     ap.add_argument("--out", type=Path, default=None, help="also write the Markdown table here")
     args = ap.parse_args(argv)
     cases = [QUICK_CASE] if args.quick else [c for c in args.cases.split(",") if c]
@@ -185,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(rows), flush=True)
         if "error" not in result:
             print(f"[{row_id}: P={result['P']}, {result['S']} stages, M={result['M']}; the neighbour's plan"
-                  f" {result['neighbour_ms']:,.1f} ms in {result['refine_s']:.1f} s]", file=sys.stderr, flush=True)
+                  f" {result['neighbour_ms']:,.1f} ms in {result['refine_s']:.1f} s]", file=sys.stderr,
+                  flush=True)
     if args.out:
         args.out.write_text("\n".join(table) + "\n")
     return 0

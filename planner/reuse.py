@@ -227,7 +227,7 @@ def reuse_plan(problem: Problem, neighbour: Problem, plan: Plan, problem_key: st
 
 
 def best_reuse(problem: Problem, candidates: Iterable[tuple[Problem, Plan]], problem_key: str | None = None,
-               tries: int = 3, time_limit_s: float = REPAIR_S) -> Reuse | None:
+               tries: int = 3, time_limit_s: float = REPAIR_S, validate: bool = True) -> Reuse | None:
     """The fastest valid reuse among the `tries` nearest neighbours within about `time_limit_s` in
     all (None: no neighbour). When none gives a plan, the nearest one's answer says why."""
     deadline = time.monotonic() + time_limit_s
@@ -237,7 +237,7 @@ def best_reuse(problem: Problem, candidates: Iterable[tuple[Problem, Plan]], pro
         left = deadline - time.monotonic()
         if left <= 0 and best is not None:
             break
-        got = reuse_plan(problem, other, plan, key, max(0.0, left))
+        got = reuse_plan(problem, other, plan, key, max(0.0, left), validate)
         if best is None or (got.plan is not None and (
                 best.plan is None or got.plan.makespan_ms < best.plan.makespan_ms)):
             best = got
@@ -370,7 +370,8 @@ def _repair(problem: Problem, schedule: Schedule, timing: Timing,
         if time.monotonic() > deadline:
             return f"the repair ran out of time: {where}"
         taken: set = set()  # what this round's reliefs already act on (one instant's may cover the next)
-        reliefs = [r for d, at, excess in worst for r in _reliefs(problem, schedule, timing, d, at, excess, taken)]
+        reliefs = [r for d, at, excess in worst
+                   for r in _reliefs(problem, schedule, timing, d, at, excess, taken)]
         applied = _apply(problem, schedule, reliefs, deadline)
         if applied is None:
             return f"{where}, and nothing held there can be offloaded, recomputed, freed or delayed"
@@ -465,10 +466,13 @@ def _reliefs(problem: Problem, schedule: Schedule, timing: Timing, device: int, 
                 dear.append((back[0], s.activation_mib - s.checkpoint_mib, (k, i)))
     before = next((op for op in alloc if op.kind is not Kind.RELOAD), None)
     options: list[tuple[float, object, Relief]] = []
-    options += [(mib, pair, partial(_offload, problem, timing, pair)) for _, mib, pair in sorted(cheap, reverse=True)]
+    options += [(mib, pair, partial(_offload, problem, timing, pair))
+                for _, mib, pair in sorted(cheap, reverse=True)]
     if before is not None:
-        options += [(mib, w, partial(_pull, device, w, before)) for mib, w in sorted(pulls, key=lambda x: -x[0])]
-    options += [(mib, pair, partial(_recompute, problem, timing, pair)) for _, mib, pair in sorted(dear, reverse=True)]
+        options += [(mib, w, partial(_pull, device, w, before))
+                    for mib, w in sorted(pulls, key=lambda x: -x[0])]
+    options += [(mib, pair, partial(_recompute, problem, timing, pair))
+                for _, mib, pair in sorted(dear, reverse=True)]
     chosen: list[tuple[Relief, bool]] = []
     saved = 0.0
     for mib, what, relief in options:
@@ -501,7 +505,8 @@ def _delays(problem: Problem, timing: Timing, device: int, order: DeviceOrder, a
         if op.kind is Kind.RELOAD:
             back = next(o for o in order.compute if o.kind in (Kind.B, Kind.BW) and o[1:] == op[1:])
             lane = order.compute[:order.compute.index(back)]
-            release = next((o for o in lane if o.kind.value in _RELEASE_LANE and timing.times[o][1] > at), None)
+            release = next((o for o in lane if o.kind.value in _RELEASE_LANE and timing.times[o][1] > at),
+                           None)
             if release is not None:
                 out.append((op, partial(_gate, Gate(op, release, at_end=True)), False))
         elif running:
@@ -578,6 +583,7 @@ def _offload(problem: Problem, timing: Timing, pair: tuple[int, int], schedule: 
     in_turns = [times[_backward(timing.choices[(x.stage, x.mb)], x.stage, x.mb)][0] for x in order.h2d]
     order.h2d.insert(bisect.bisect_right(in_turns, back_start), reload)
     lead = back_start - problem.stages[k].reload_ms
-    before = [op for op in order.compute[:order.compute.index(back)] if times.get(op, (math.inf,))[0] <= lead + TOL]
+    lane = order.compute[:order.compute.index(back)]
+    before = [op for op in lane if times.get(op, (math.inf,))[0] <= lead + TOL]  # new recomputes: untimed
     if before:
         schedule.gates.append(Gate(reload, before[-1]))

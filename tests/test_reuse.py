@@ -64,7 +64,8 @@ def test_recalibrated_costs_keep_the_memory_order(refined, seed: int) -> None:
     rng = random.Random(seed)
     names = ("forward_ms", "backward_input_ms", "backward_weight_ms", "offload_ms", "reload_ms")
     problem = neighbour.model_copy(update={"stages": [
-        s.model_copy(update={n: getattr(s, n) * rng.uniform(0.9, 1.1) for n in names}) for s in neighbour.stages]})
+        s.model_copy(update={n: getattr(s, n) * rng.uniform(0.9, 1.1) for n in names})
+        for s in neighbour.stages]})
     r = reuse_plan(problem, neighbour, plan)
     assert r.how == "re-timed"
     got = valid(problem, r.plan)
@@ -164,7 +165,8 @@ def test_nearest_ranks_by_distance_and_flags_larger_budgets(refined) -> None:
     roomy, tight = budget(neighbour, 1.0), budget(neighbour, 0.94)
     doubled = neighbour.model_copy(update={"num_microbatches": 16})
     foreign = make_problem(2, 8, offload=True, recompute=True, limit=300.0)
-    ranked = nearest(problem, [(doubled, "doubled"), (foreign, "foreign"), (roomy, "roomy"), (tight, "tight")])
+    candidates = [(doubled, "doubled"), (foreign, "foreign"), (roomy, "roomy"), (tight, "tight")]
+    ranked = nearest(problem, candidates)
     assert [item for _, _, item in ranked] == ["tight", "roomy", "doubled"]
     assert distance(problem, roomy).larger_budget and not distance(problem, tight).larger_budget
     assert distance(problem, doubled).microbatches == pytest.approx(0.5)
