@@ -151,9 +151,9 @@ def lines(row_id: str, result: dict[str, Any], limit_s: float) -> list[str]:
     out = []
     for label, r in result["rows"].items():
         b = r["bound"]
-        how = r["how"] if r["reason"] is None else f"none: {r['reason'][:90]}"
-        cells = [row_id, label, cell(r["first"], b, f" ({r['first_s']:.2f} s)"),
-                 cell(r["reuse"], b, f" ({r['reuse_s']:.2f} s): {how}"), cell(r["served"], b)]
+        reuse = (cell(r["reuse"], b, f" ({r['reuse_s']:.2f} s): {r['how']}") if r["reason"] is None
+                 else f"none ({r['reuse_s']:.2f} s): {r['reason'][:100]}")
+        cells = [row_id, label, cell(r["first"], b, f" ({r['first_s']:.2f} s)"), reuse, cell(r["served"], b)]
         if limit_s > 0:
             cells += [cell(r.get("cold"), b), cell(r.get("warm"), b)]
         cells.append(f"{b:,.1f}")

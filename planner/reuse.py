@@ -357,10 +357,12 @@ Relief = Callable[[Schedule], None]  # a change to a schedule, in place
 
 def _repair(problem: Problem, schedule: Schedule, timing: Timing,
             deadline: float) -> tuple[Schedule, Timing] | str:
-    """Relieve each over-limit device at its worst instant until every device fits (module
-    docstring, step 4): the repaired schedule and its timing, or why there is none. The memory
-    gates keep every other allocation behind the releases it followed, so a relief lowers the
-    device's memory where it acts and raises it nowhere."""
+    """Relieve every stretch of time a device is over its limit, at its highest point, round after
+    round until every device fits (module docstring, step 4): the repaired schedule and its timing,
+    or why there is none. The memory gates keep every other allocation behind the releases it
+    followed, so a relief lowers the device's memory where it acts and raises it nowhere else; but
+    where a steady state fills the budget, a W run earlier or a recompute's extra forward can move
+    the excess to the next period, so big problems may need more rounds than the time box holds."""
     for _ in range(MAX_ROUNDS):
         worst = _worst_instants(problem, schedule, timing)
         if not worst:
@@ -436,17 +438,19 @@ def _worst_instants(problem: Problem, schedule: Schedule, timing: Timing) -> lis
 def _reliefs(problem: Problem, schedule: Schedule, timing: Timing, device: int, at: float,
              excess: float, taken: set) -> list[tuple[Relief, bool]]:
     """Changes that free memory on `device` at `at`, cheapest first, until they cover `excess`:
-    offload an activation held there (free when the copy lane has room: its copy, queued behind the
-    device's earlier offloads, is out by `at` and can be back before the backward); run a pending W
-    before the op that allocates at `at` (it had to run anyway); recompute a held activation (one
-    more forward); last, delay that allocation (`_delays`). What `taken` holds is left alone; what
-    is chosen is added to it."""
+    offload an activation held there (free when the copy lane has room: its copy, in its forward's
+    turn behind the device's earlier offloads, is out by `at`, delays no later copy (which would
+    only move the excess on) and can be back before the backward); run a pending W before the op
+    that allocates at `at` (it had to run anyway); recompute a held activation (one more forward);
+    last, delay that allocation (`_delays`). What `taken` holds is left alone; what is chosen is
+    added to it."""
     opts = problem.options
     order = schedule.devices[device]
     alloc = [op for op in order.compute + order.h2d
              if op.kind.value in _ALLOCATING and abs(timing.times[op][0] - at) <= TOL * max(1.0, at)]
-    offloads = sorted((timing.times[Op(Kind.F, o.stage, o.mb)][1], timing.times[o][1]) for o in order.d2h)
-    ready, lane_free = [f for f, _ in offloads], list(itertools.accumulate((e for _, e in offloads), max))
+    offloads = sorted((timing.times[Op(Kind.F, o.stage, o.mb)][1], *timing.times[o]) for o in order.d2h)
+    ready = [f for f, _, _ in offloads]
+    lane_free = list(itertools.accumulate((e for _, _, e in offloads), max))
     cheap, pulls, dear = [], [], []
     for k in problem.stages_of(device):
         s = problem.stages[k]
@@ -458,9 +462,10 @@ def _reliefs(problem: Problem, schedule: Schedule, timing: Timing, device: int, 
                 pulls.append((s.weight_grad_mib, Op(Kind.W, k, i)))
             if choice.offload or choice.recompute or not f_start <= at < back[0]:
                 continue
-            j = bisect.bisect_right(ready, f_end) - 1
-            out = max(f_end, lane_free[j] if j >= 0 else 0.0) + s.offload_ms
-            if opts.offload and s.offloadable_mib > 0 and out <= at and out + s.reload_ms <= back[0]:
+            j = bisect.bisect_right(ready, f_end)  # its turn in the copy lane, by forward
+            out = max(f_end, lane_free[j - 1] if j else 0.0) + s.offload_ms
+            room = j == len(offloads) or out <= offloads[j][1]  # it delays no later copy
+            if opts.offload and s.offloadable_mib > 0 and room and out <= at and out + s.reload_ms <= back[0]:
                 cheap.append((back[0], s.offloadable_mib, (k, i)))
             elif opts.recompute and s.activation_mib > s.checkpoint_mib and back[0] - s.recompute_ms > at:
                 dear.append((back[0], s.activation_mib - s.checkpoint_mib, (k, i)))
