@@ -1,43 +1,26 @@
-"""Start a new problem from a solved neighbour's plan: re-timed, resized to another microbatch count,
-repaired to fit a smaller budget, and always validated.
+"""Start a new problem from a solved neighbour's plan: kept, re-timed, resized or repaired, and
+validated (docs/reuse.md has the reasoning and the measurements).
 
-Two problems are *neighbours* when they have the same pipeline structure (`signature`: devices, the
-stage -> device placement, options) and differ only in numbers: budgets, op costs, memory sizes, the
-microbatch count. A plan's op orders then apply to both; its times do not. `distance` ranks
-neighbours so that a cache can try the nearest first.
+Two problems are *neighbours* when they share their pipeline structure (`signature`: devices, each
+stage's device, options) and differ only in numbers: budgets, costs, sizes, the microbatch count. A
+plan's op orders then apply to both; its times do not. `distance` ranks neighbours for a cache.
 
-`reuse_plan(problem, neighbour, plan)` answers a validated plan for `problem` or the reason there is
-none, in this order:
+`reuse_plan` tries, in turn:
+1. *as is*: same ops, costs and sizes, and every peak within the new limits;
+2. *re-timed*: the plan's orders, timed under the new costs, every allocation (F, RELOAD, RECOMPUTE)
+   gated on the last release of each lane (compute: B/W/BW; copies out: OFFLOAD) that ended before it
+   in the plan. The simulator alone starts ops as early as it can, which pulls forwards ahead of the
+   backwards whose memory they waited for; with the gates each device's memory events keep their
+   order whatever the durations, so no device peaks above the plan with the same sizes;
+3. *resized* to M' microbatches (ranked by first forward): fewer drops the last ones; more moves the
+   second half later by (M' - M) periods and fills the gap with the steady-state microbatches before
+   it, cycled, each moved as a whole;
+4. *repaired* when a device goes over its limit: every over-limit stretch is relieved at its highest
+   point (offload, an earlier W, recompute, a delayed allocation) and the schedule re-timed, round
+   after round within a time box.
 
-1. *As is*: the neighbour's plan, re-keyed, when it validates here (same ops and costs, a budget it
-   fits: e.g. 3% more memory per GPU).
-2. *Re-timed*: the plan's per-device orders, timed by the simulator under this problem's costs. The
-   simulator starts ops as early as possible, which would pull forwards ahead of the backwards whose
-   memory they waited for, so every allocation (F, RELOAD, RECOMPUTE) is gated on the last release of
-   each lane (compute: B/W/BW; device-to-host: OFFLOAD) that ended before it in the plan. Each
-   device's memory events then keep their order, whatever the new durations, and its peak stays the
-   plan's (with the same activation sizes): a budget the neighbour's plan fitted still fits.
-3. *Resized* (another microbatch count M -> M'): microbatches are ranked by their first forward.
-   Going down, the last M - M' are dropped: what is left is the same orders with fewer
-   microbatches, whose memory never exceeds the plan's (1F1B for M' is 1F1B for M so trimmed).
-   Going up, a pipeline schedule is read as a warm-up, a steady state that advances one microbatch
-   per period T (the plan's mean spacing of a stage's successive forwards or backwards over its middle
-   half) and a cool-down: the first half of the microbatches stays where it is, the second half moves
-   later by (M' - M) x T, and the gap is filled with copies of the steady-state microbatches just
-   before it (up to M/2 - P of them, cycled, so a share of offloaded or recomputed microbatches
-   repeats), each moved by its distance in periods. A microbatch moves as a whole, so its own ops
-   keep their order; the lanes take the order of the moved times, and step 2 times them. (An early
-   microbatch's deferred W stays where it was, so it runs in the new steady state rather than the
-   cool-down: a small loss the solver can win back.)
-4. *Repaired*, when a device goes over its limit (a smaller budget, larger activations, a longer
-   steady state that does not line up): at each over-limit device's worst instant, the cheapest
-   reliefs that cover the excess are applied in place (`_reliefs`: offload an activation held there
-   when the copy lane has room, run a pending W first, recompute, and last delay the allocation),
-   and the schedule is re-timed, until every device fits, nothing is left to relieve, or the time
-   box ends. Treatments the result does not need are then dropped (planner.transfers).
-
-Every answer is checked by planner.validator before it is returned; a plan of a larger budget is thus
-never offered to a smaller one unless it fits there. Pure: no I/O.
+Every answer is validated (or left to a caller that validates: `validate=False`), so a plan of a
+larger budget reaches a smaller one only when it fits there. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -181,7 +164,7 @@ def reuse_plan(problem: Problem, neighbour: Problem, plan: Plan, problem_key: st
     """`plan` (a validated plan of `neighbour`) adapted to `problem`: see the module docstring.
     Never raises for a plan that does not apply; the reason says why. `validate=False` leaves the
     final validation to a caller that validates anyway (a repository validates every plan it
-    stores: validating twice is about a second at 12,000 ops)."""
+    stores; validating takes about half a second at 12,000 ops)."""
     started = time.monotonic()
     key = problem_key or problem.key()
     source = plan.problem_key
@@ -312,8 +295,16 @@ def period_ms(plan: Plan, problem: Problem) -> float:
 
 
 def resized(plan: Plan, problem: Problem, m_new: int) -> Plan:
-    """`plan`'s orders for `m_new` microbatches (module docstring, step 3), as a plan-shaped list of
-    ops whose times only order them: not a valid plan, the input of schedule_from_plan."""
+    """`plan`'s orders for `m_new` microbatches, as a plan-shaped list of ops whose times only order
+    them (not a valid plan: the input of schedule_from_plan). Microbatches are ranked by their first
+    forward. Fewer: the last M - M' are dropped (what is left holds no more memory; 1F1B, ZB-H1/H2
+    and GPipe so trimmed are those schedules for M'). More: a pipeline schedule is a warm-up, a
+    steady state advancing one microbatch per `period_ms` and a cool-down; the first half stays,
+    the second half moves later by (M' - M) periods, and the gap is filled with copies of the
+    microbatches just before it (up to M/2 - P of them, cycled, so a share of treated microbatches
+    repeats), each moved by its distance in periods. A microbatch moves as a whole, so its own ops
+    keep their order; an early one's deferred W stays where it was (in the new steady state, not
+    the cool-down: a small loss the solver can win back)."""
     m_old = problem.num_microbatches
     first: dict[int, float] = {}
     for dp in plan.devices:
@@ -321,9 +312,9 @@ def resized(plan: Plan, problem: Problem, m_new: int) -> Plan:
             if pop.kind == "F":
                 first[pop.mb] = min(first.get(pop.mb, math.inf), pop.start_ms)
     ranked = sorted(range(m_old), key=lambda i: (first.get(i, math.inf), i))
-    period = period_ms(plan, problem)
     moves: dict[int, list[tuple[int, float]]] = {}  # old mb -> [(new mb, shift ms)]
     if m_new >= m_old:
+        period = period_ms(plan, problem)
         extra = m_new - m_old
         head = (m_old + 1) // 2
         window = max(1, min(extra, head - problem.num_devices))
@@ -333,13 +324,7 @@ def resized(plan: Plan, problem: Problem, m_new: int) -> Plan:
             src = head - window + j % window
             moves[ranked[src]].append((head + j, (head + j - src) * period))
     else:
-        dropped = m_old - m_new
-        head = m_new
-        for pos, mb in enumerate(ranked):
-            if pos < head:
-                moves[mb] = [(pos, 0.0)]
-            elif pos >= head + dropped:
-                moves[mb] = [(pos - dropped, -dropped * period)]
+        moves = {mb: [(pos, 0.0)] for pos, mb in enumerate(ranked[:m_new])}
     devices = []
     for dp in plan.devices:
         ops = [(pop.start_ms + shift, pop.end_ms + shift, n, new, pop)
@@ -358,11 +343,11 @@ Relief = Callable[[Schedule], None]  # a change to a schedule, in place
 def _repair(problem: Problem, schedule: Schedule, timing: Timing,
             deadline: float) -> tuple[Schedule, Timing] | str:
     """Relieve every stretch of time a device is over its limit, at its highest point, round after
-    round until every device fits (module docstring, step 4): the repaired schedule and its timing,
-    or why there is none. The memory gates keep every other allocation behind the releases it
-    followed, so a relief lowers the device's memory where it acts and raises it nowhere else; but
-    where a steady state fills the budget, a W run earlier or a recompute's extra forward can move
-    the excess to the next period, so big problems may need more rounds than the time box holds."""
+    round until every device fits: the repaired schedule and its timing, or why there is none. The
+    memory gates keep every other allocation behind the releases it followed, so a relief lowers
+    the device's memory where it acts and raises it nowhere else; but where a steady state fills the
+    budget, a W run earlier or a recompute's extra forward can move the excess to the next period,
+    so big problems may need more rounds than the time box holds."""
     for _ in range(MAX_ROUNDS):
         worst = _worst_instants(problem, schedule, timing)
         if not worst:
@@ -387,12 +372,14 @@ def _apply(problem: Problem, schedule: Schedule, reliefs: list[tuple[Relief, boo
     in a circle (treatments, W's run earlier, waits for a copy under way); the others can (moved
     forwards, waits for a compute op): when all together do, the safe ones are kept and the others
     added by halves, a half that deadlocks split again, until the deadline. None: nothing kept."""
+    if not reliefs:
+        return None
     kept = _trial(problem, schedule, [r for r, _ in reliefs])
     if kept is not None:
         return kept
     safe = [r for r, ok in reliefs if ok]
     kept = _trial(problem, schedule, safe) if safe else None
-    pending = [[r for r, ok in reliefs if not ok]]
+    pending = [risky] if (risky := [r for r, ok in reliefs if not ok]) else []
     while pending and time.monotonic() < deadline:
         part = pending.pop(0)
         got = _trial(problem, kept[0] if kept else schedule, part)
@@ -508,7 +495,8 @@ def _delays(problem: Problem, timing: Timing, device: int, order: DeviceOrder, a
     out: list[tuple[Op, Relief, bool]] = []
     for op in alloc:
         if op.kind is Kind.RELOAD:
-            back = next(o for o in order.compute if o.kind in (Kind.B, Kind.BW) and o[1:] == op[1:])
+            back = next(o for o in order.compute
+                        if o.kind in (Kind.B, Kind.BW) and (o.stage, o.mb) == (op.stage, op.mb))
             lane = order.compute[:order.compute.index(back)]
             release = next((o for o in lane if o.kind.value in _RELEASE_LANE and timing.times[o][1] > at),
                            None)
@@ -547,7 +535,7 @@ def _postpone(problem: Problem, device: int, op: Op, schedule: Schedule) -> None
     for k in range(op.stage + 1, problem.num_stages):
         later = schedule.devices[problem.stages[k].device].compute
         forward = later.index(Op(Kind.F, k, op.mb))
-        back = next(x for x, o in enumerate(later) if o.kind in (Kind.B, Kind.BW) and o[1:] == (k, j))
+        back = next(x for x, o in enumerate(later) if o.kind in (Kind.B, Kind.BW) and (o.stage, o.mb) == (k, j))
         if forward < back:
             _move(schedule, later, forward, back)
 
