@@ -535,7 +535,8 @@ def _postpone(problem: Problem, device: int, op: Op, schedule: Schedule) -> None
     for k in range(op.stage + 1, problem.num_stages):
         later = schedule.devices[problem.stages[k].device].compute
         forward = later.index(Op(Kind.F, k, op.mb))
-        back = next(x for x, o in enumerate(later) if o.kind in (Kind.B, Kind.BW) and (o.stage, o.mb) == (k, j))
+        back = next(x for x, o in enumerate(later)
+                    if o.kind in (Kind.B, Kind.BW) and (o.stage, o.mb) == (k, j))
         if forward < back:
             _move(schedule, later, forward, back)
 
