@@ -354,11 +354,11 @@ def _repair(problem: Problem, schedule: Schedule, timing: Timing,
             return schedule, timing
         d, at, excess = worst[0]
         where = f"device {d} is {excess:.1f} MiB over its limit at {at:.1f} ms"
-        if time.monotonic() > deadline:
-            return f"the repair ran out of time: {where}"
         taken: set = set()  # what this round's reliefs already act on (one instant's may cover the next)
         reliefs = [r for d, at, excess in worst
                    for r in _reliefs(problem, schedule, timing, d, at, excess, taken)]
+        if time.monotonic() > deadline:
+            return f"the repair ran out of time: {where}"
         applied = _apply(problem, schedule, reliefs, deadline)
         if applied is None:
             return f"{where}, and nothing held there can be offloaded, recomputed, freed or delayed"
@@ -378,7 +378,7 @@ def _apply(problem: Problem, schedule: Schedule, reliefs: list[tuple[Relief, boo
     if kept is not None:
         return kept
     safe = [r for r, ok in reliefs if ok]
-    kept = _trial(problem, schedule, safe) if safe else None
+    kept = _trial(problem, schedule, safe) if safe and time.monotonic() < deadline else None
     pending = [risky] if (risky := [r for r, ok in reliefs if not ok]) else []
     while pending and time.monotonic() < deadline:
         part = pending.pop(0)
