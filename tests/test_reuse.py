@@ -29,7 +29,7 @@ def limited(m: int = 8, limit: float = 300.0, **kw) -> Problem:
 
 @pytest.fixture(scope="module")
 def refined() -> tuple[Problem, Plan]:
-    """A solver's plan (CP-SAT orders, not a pattern) of the limited problem."""
+    """The solver's plan of the limited problem, as a cache holds it (it offloads on two devices)."""
     problem = limited()
     return problem, solve(problem, 1.0, seed=0, workers=2).plan
 
