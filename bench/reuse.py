@@ -1,16 +1,15 @@
 """Reuse of a neighbour's cached plan (planner/reuse.py, issue 40): for real-model cases and kinds of
 change, revision 1 and the time-limited solve with and without reuse, each against the proven bound.
 
-    .venv/bin/python bench/reuse.py                          # default cases, 10-s solves (~12 min)
+    .venv/bin/python bench/reuse.py                          # default cases, 10-s solves (~15 min)
     .venv/bin/python bench/reuse.py --quick                  # one small case, rev 1 only (seconds)
     .venv/bin/python bench/reuse.py --cases nemotron-h-8b-p32@70% --refine 60
 
 A case is a row of the real-model suite (bench/models.py: `--list` there names them). Its problem is
 the *neighbour*: it is refined for `--refine` seconds first, as the cache would hold it (0: its
-revision 1). Each change
-makes the *new* problem: budget +5% / -5% (every device's free memory, limit - static, scaled), M x2
-and M /2, costs +10% (every duration) and costs ±10% (each stage's durations scaled by its own factor
-in [0.9, 1.1], seeded). Columns, in ms (gap to the bound in %):
+revision 1). Each change makes the *new* problem: budget +5% / -5% (every device's free memory,
+limit - static, scaled), M x2 and M /2, costs +10% (every duration) and costs ±10% (each stage's
+durations scaled by its own factor in [0.9, 1.1], seeded). Columns, in ms (gap to the bound in %):
 
 - rev 1: the service's first plan today (pipeplan.service.inline.first_plan) and its seconds;
 - reuse: planner.reuse.reuse_plan of the neighbour's refined plan, what it did and its seconds;
@@ -119,7 +118,7 @@ def measure_change(problem: Problem, neighbour: Problem, refined: Plan, limit_s:
     reuse = reuse_plan(problem, neighbour, refined, key)
     served = first if reuse.plan is None or reuse.plan.makespan_ms >= first.makespan_ms else reuse.plan
     r = {"first": first.makespan_ms, "first_s": first_s, "reuse": reuse.plan and reuse.plan.makespan_ms,
-         "reuse_s": reuse.elapsed_s, "how": reuse.how or reuse.reason, "reason": reuse.reason,
+         "reuse_s": reuse.elapsed_s, "how": reuse.how, "reason": reuse.reason,
          "served": served.makespan_ms,
          "bound": max(lower_bound(problem), memory_lower_bound(problem))}
     if limit_s > 0:
