@@ -104,10 +104,9 @@ def measure_case(row_id: str, refine_s: float, limit_s: float, changes: list[str
 
 def measure_change(problem: Problem, neighbour: Problem, refined: Plan, limit_s: float) -> dict[str, Any]:
     """Revision 1 and the solves, without and with reuse, on one changed problem."""
-    from pipeplan.planner.bounds import lower_bound
+    from pipeplan.planner.bounds import ALL, lower_bound
     from pipeplan.planner.reuse import reuse_plan
     from pipeplan.planner.solver import solve
-    from pipeplan.planner.solver.memory_bound import memory_lower_bound
     from pipeplan.planner.validator import assert_valid
     from pipeplan.service.inline import first_plan
 
@@ -120,7 +119,7 @@ def measure_change(problem: Problem, neighbour: Problem, refined: Plan, limit_s:
     r = {"first": first.makespan_ms, "first_s": first_s, "reuse": reuse.plan and reuse.plan.makespan_ms,
          "reuse_s": reuse.elapsed_s, "how": reuse.how, "reason": reuse.reason,
          "served": served.makespan_ms,
-         "bound": max(lower_bound(problem), memory_lower_bound(problem))}
+         "bound": lower_bound(problem, ALL)}
     if limit_s > 0:
         cold = solve(problem, limit_s, hint=first, seed=0, problem_key=key)
         warm = solve(problem, limit_s, hint=served, seed=0, problem_key=key)

@@ -51,12 +51,15 @@ def test_a_budget_in_gib_is_refused_in_gib_in_the_same_words_by_every_command(tm
 def test_help_shows_no_stray_types_and_no_cut_sentences():
     top = runner.invoke(app, ["--help"], env={"COLUMNS": "80"})
     listed = top.stdout.split("Commands:")[1].strip().splitlines()
-    assert len(listed) == len(set(app.registered_commands)) >= len(COMMAND_MODULES)
+    groups = {group.name: group.typer_instance for group in app.registered_groups}
+    assert len(listed) == len(app.registered_commands) + len(groups) >= len(COMMAND_MODULES)
     for line in listed:  # each command's line is one whole sentence
         assert line.rstrip().endswith(".") and not line.rstrip().endswith("..."), line
-    for command in app.registered_commands:
-        shown = runner.invoke(app, [command.name, "--help"], env={"COLUMNS": "80"})
-        assert shown.exit_code == 0 and "<bool>" not in shown.stdout, (command.name, shown.stdout)
+    commands = [[c.name] for c in app.registered_commands]
+    commands += [[name, c.name] for name, sub in groups.items() for c in sub.registered_commands]
+    for command in commands:
+        shown = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "80"})
+        assert shown.exit_code == 0 and "<bool>" not in shown.stdout, (command, shown.stdout)
 
 
 def test_compare_on_a_base_install_says_once_that_torchs_peers_need_the_extra(tmp_path):

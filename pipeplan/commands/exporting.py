@@ -21,7 +21,7 @@ ProblemArg = Annotated[Path, typer.Argument(metavar="PROBLEM.json",
 PlanArg = Annotated[Path, typer.Argument(metavar="PLAN.json", help="A plan v1 of that problem.")]
 
 export_app = typer.Typer(name="export", no_args_is_help=True, add_completion=False,
-                         help="Write a plan for torch, torchtitan or Megatron-LM; say which runtimes run it.")
+                         help="Write a plan for torch, torchtitan or Megatron-LM.")
 
 
 def _load(problem_path: Path, plan_path: Path) -> tuple[Problem, Plan]:
