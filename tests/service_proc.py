@@ -18,14 +18,15 @@ ROOT = Path(__file__).resolve().parent.parent
 class Service:
     """`pipeplan serve` in embedded mode as a subprocess, restartable on the same port and database."""
 
-    def __init__(self, data_dir: Path, port: int | None = None):
+    def __init__(self, data_dir: Path, port: int | None = None, **settings: object):
         self.data_dir, self.port = data_dir, port or free_port()
+        self.settings = {f"PIPEPLAN_{name.upper()}": str(value) for name, value in settings.items()}
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Service:
         env = {**os.environ, "PIPEPLAN_DATA_DIR": str(self.data_dir), "PIPEPLAN_SOLVER_WORKERS": "1",
-               "PIPEPLAN_DEFAULT_TIME_BUDGET_S": "2", "PIPEPLAN_EMBEDDED_WORKERS": "1"}
+               "PIPEPLAN_DEFAULT_TIME_BUDGET_S": "2", "PIPEPLAN_EMBEDDED_WORKERS": "1", **self.settings}
         for name in ("PIPEPLAN_DATABASE_URL", "PIPEPLAN_REDIS_URL", "PIPEPLAN_API_KEYS"):
             env.pop(name, None)
         self.log = open(self.data_dir / f"serve-{self.port}.log", "ab")

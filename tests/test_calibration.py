@@ -62,7 +62,9 @@ def replay(truth: Problem, plan: Plan) -> Trace:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    svc = Service(tmp_path_factory.mktemp("serve")).start()
+    # First plans wait for the whole greedy (milliseconds here): what a test's plans recompute must not
+    # depend on how far a time-boxed greedy got on a loaded machine.
+    svc = Service(tmp_path_factory.mktemp("serve"), inline_greedy_s=60, inline_greedy_max_s=60).start()
     yield svc
     svc.stop()
 
