@@ -24,7 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeplan.planner import baselines
 from pipeplan.planner.adaptive import plan_adaptive
-from pipeplan.planner.costmodel import Spec, build_problem, layer_costs, uniform_partition
+from pipeplan.planner.costmodel import build_problem, layer_costs
+from pipeplan.planner.partition import uniform_partition
+from pipeplan.planner.spec import Spec
 
 MODELS: dict[str, dict] = {
     # Gemma-2-9B-like: 256k vocabulary, tied embeddings; the LM head costs about 4 blocks.

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeplan.planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
 from pipeplan.planner.bounds import MemoryInfeasibleError, check_memory_feasible
 from pipeplan.planner.contract import Plan, Problem
-from pipeplan.planner.costmodel import HARDWARE
 from pipeplan.planner.documents import problem_from_document
+from pipeplan.planner.spec import HARDWARE
 
 from bench.common import best_by, run_forked
 from bench.model_suite import BUDGET_SHARES, SUITE, Case

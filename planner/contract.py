@@ -35,7 +35,7 @@ class Limits(BaseModel):
     max_ops: int = 131_072
     max_duration_ms: float = 1e7
     max_memory_mib: float = 1e9
-    # model specs: checked on the raw document before conversion (costmodel.check_spec_size), so a
+    # model specs: checked on the raw document before conversion (spec.check_spec_size), so a
     # 400-byte spec cannot ask for ten million layers; "auto" partition searches are capped apart
     # because each candidate costs a heuristic run over all ops
     max_layers: int = 4096

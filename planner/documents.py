@@ -12,15 +12,8 @@ from typing import Any
 
 from .adaptive import adaptive_problem
 from .contract import Limits, Problem
-from .costmodel import (
-    SPEC_FORMAT,
-    Spec,
-    build_problem,
-    check_spec_size,
-    is_problem_document,
-    layer_costs,
-    partition_for,
-)
+from .costmodel import build_problem, layer_costs, partition_for
+from .spec import SPEC_FORMAT, Spec, check_spec_size, is_problem_document
 
 
 def problem_from_spec(spec: Spec) -> Problem:

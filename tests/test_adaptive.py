@@ -10,18 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pipeplan.planner import baselines
-from pipeplan.planner.adaptive import (
-    Proxy,
-    adaptive_problem,
-    bottleneck_partition,
-    device_balanced_partition,
-    plan_adaptive,
-    search,
-)
+from pipeplan.planner.adaptive import adaptive_problem, plan_adaptive, search
 from pipeplan.planner.bounds import MemoryInfeasibleError
 from pipeplan.planner.contract import Plan, Problem
-from pipeplan.planner.costmodel import Spec, build_problem, layer_costs, uniform_partition
+from pipeplan.planner.costmodel import build_problem, layer_costs
 from pipeplan.planner.documents import problem_from_document
+from pipeplan.planner.partition import (
+    Proxy,
+    bottleneck_partition,
+    device_balanced_partition,
+    uniform_partition,
+)
+from pipeplan.planner.spec import Spec
 from pipeplan.planner.validator import validate_plan
 from typer.testing import CliRunner
 

@@ -9,16 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pipeplan.planner.contract import Problem, error_messages
-from pipeplan.planner.costmodel import (
-    HARDWARE,
-    Spec,
-    balanced_partition,
-    build_problem,
-    layer_costs,
-    stage_device,
-    uniform_partition,
-)
+from pipeplan.planner.costmodel import build_problem, layer_costs
 from pipeplan.planner.documents import problem_from_document
+from pipeplan.planner.partition import balanced_partition, stage_device, uniform_partition
+from pipeplan.planner.spec import HARDWARE, Spec
 from pydantic import ValidationError
 
 ROOT = Path(__file__).resolve().parent.parent

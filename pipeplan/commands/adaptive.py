@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         from pipeplan.planner.adaptive import plan_adaptive
         from pipeplan.planner.bounds import MemoryInfeasibleError
         from pipeplan.planner.contract import error_messages
-        from pipeplan.planner.costmodel import Spec, is_problem_document
+        from pipeplan.planner.spec import Spec, is_problem_document
         from pipeplan.settings import get_settings
 
         if time_limit <= 0:
