@@ -56,7 +56,7 @@ def spec_for(model: dict, devices: int, budget_gib: float | None = None) -> Spec
 
 
 def uniform_problem(spec: Spec, placement: str):
-    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    costs = layer_costs(spec)
     return build_problem(spec, uniform_partition([c.type for c in costs], 2 * spec.training.devices),
                          placement, 2, costs)
 

@@ -254,7 +254,7 @@ def search(spec: Spec | dict, budget_s: float = 5.0,
     spec = _as_spec(spec)
     start = time.monotonic()
     deadline = start + budget_s
-    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    costs = layer_costs(spec)
     evaluated: list[Candidate] = []
 
     def record(cand: Candidate) -> None:

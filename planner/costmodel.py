@@ -67,9 +67,10 @@ import itertools
 
 from pydantic import BaseModel
 
-from .contract import PROBLEM_FORMAT, Device, Options, Problem, Stage
+from .contract import PROBLEM_FORMAT, Device, Options, Problem, Stage, Workload
+from .layout import Layout
 from .partition import balanced_partition, counts_to_ranges, stage_device, uniform_partition
-from .spec import DTYPE_BYTES, MIB, Hardware, ModelSpec, Spec, Training
+from .spec import DTYPE_BYTES, MIB, ModelSpec, Spec, Training
 
 COSTMODEL_VERSION = "pipeplan.costmodel/1"
 
@@ -89,6 +90,11 @@ class LayerCost(BaseModel):
     params: float
     static_bytes: float  # weights, gradients and optimizer state kept on the device
     flops: float  # forward FLOPs (for the model summary)
+    model_flops: float = 0.0  # forward FLOPs, causal attention counted as computed (for MFU)
+    expert_params: float = 0.0  # of `params`, routed experts
+    transient_bytes: float = 0.0  # full recompute: the block's activation, held during its backward
+    grad_bytes: tuple[float, float] = (0.0, 0.0)  # per GPU, dense and expert gradients to reduce
+    optimizer_params: float = 0.0  # per GPU, parameters whose optimizer state this GPU updates
 
     @property
     def total_ms(self) -> float:
@@ -96,18 +102,31 @@ class LayerCost(BaseModel):
 
 
 class _Parts(BaseModel):
-    """Raw estimate of one layer: linear and attention-core FLOPs, activation and W-held bytes."""
+    """Raw estimate of one layer for one microbatch of one pipeline replica: FLOPs, activation and
+    W-held bytes, parameters; the subsets and counts the parallel estimate needs beside them."""
 
-    linear_flops: float = 0.0
-    core_flops: float = 0.0
+    linear_flops: float = 0.0  # every matmul with weights (experts and heads included)
+    core_flops: float = 0.0  # attention scores and weighted sum, every score counted (or SSD scan)
     act: float = 0.0
     wgrad: float = 0.0
     params: float = 0.0
     hbm_bytes: float = 0.0  # memory-bound work per pass (embedding)
+    # subsets, for the parallel / calibrated estimate
+    expert_params: float = 0.0  # routed experts: spread over ep x etp, reduced over edp
+    expert_flops: float = 0.0  # of linear_flops, the routed experts' (top_k per token)
+    unfused_act: float = 0.0  # of act, what Megatron's fused kernels do not keep (SwiGLU, MoE permutation)
+    bf16_flops: float = 0.0  # matmuls that stay 16-bit in an FP8 run (LM head, router)
+    fp8_act: float = 0.0  # 16-bit bytes of saved linear-layer inputs, which FP8 runs keep in 8 bits
+    rep_act: float = 0.0  # bytes every TP rank keeps whole without sequence parallelism
+    tp_collectives: float = 0.0  # TP all-gathers + reduce-scatters of the hidden state per pass
+    all_to_alls: float = 0.0  # expert all-to-alls per pass (dispatch, combine)
+    ring_width: float = 0.0  # K and V values per token an attention layer passes around the CP ring
 
 
 def _attention(m: ModelSpec, t: Training) -> _Parts:
     b, s, h = m.micro_batch_size, m.seq_len, m.hidden
+    if m.mla:
+        return _mla(m, t)
     q, kv, a = m.q_dim, m.kv_dim, m.heads
     linear = 2 * b * s * h * (2 * q + 2 * kv)  # Q, O (h x q) and K, V (h x kv) projections
     core = 4 * b * s * s * q  # QK^T and (softmax)V
@@ -119,7 +138,31 @@ def _attention(m: ModelSpec, t: Training) -> _Parts:
     # W needs the inputs of QKV and O projections and the gradients of their outputs
     wgrad = 2 * h + 2 * q + 2 * (q + 2 * kv) + 2 * h
     params = 2 * h * q + 2 * h * kv + h  # + norm
-    return _Parts(linear_flops=linear, core_flops=core, act=b * s * act, wgrad=b * s * wgrad, params=params)
+    return _Parts(linear_flops=linear, core_flops=core, act=b * s * act, wgrad=b * s * wgrad, params=params,
+                  fp8_act=b * s * (2 * h + 2 * q),
+                  rep_act=b * s * (2 * h + 2 * h + mask * h), tp_collectives=2, ring_width=2 * kv)
+
+
+def _mla(m: ModelSpec, t: Training) -> _Parts:
+    """Multi-head latent attention (DeepSeek-V2 §2.1): queries through a rank-r_q bottleneck (or a
+    plain projection), keys and values from one rank-r_kv latent plus a shared RoPE key."""
+    b, s, h, a = m.micro_batch_size, m.seq_len, m.hidden, m.heads
+    rq, rkv, rope = m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim
+    qk, vd = m.qk_head_dim, m.v_head_dim or m.hd
+    nope = qk - rope
+    q_proj = h * rq + rq * a * qk if rq else h * a * qk
+    weights = q_proj + h * (rkv + rope) + rkv * a * (nope + vd) + a * vd * h
+    core = 2 * b * s * s * a * (qk + vd)  # QK^T over qk dims, (softmax)V over v dims
+    mask = 1 if m.dropout else 0
+    # per token: LN input, down-projection input, latents (+ their norms' inputs), Q, K, V, O input
+    act = 2 * h + 2 * h + 4 * ((rq or 0) + rkv + rope) + 2 * a * qk * 2 + 2 * a * vd + 2 * a * vd + mask * h
+    if not t.flash_attention:
+        act += (5 if m.dropout else 2) * a * s
+    wgrad = 2 * h + 2 * ((rq or 0) + rkv) + 2 * a * vd + 2 * ((rq or 0) + rkv + rope) + 2 * a * (qk + nope + vd) + 2 * h
+    return _Parts(linear_flops=2 * b * s * weights, core_flops=core, act=b * s * act, wgrad=b * s * wgrad,
+                  params=weights + h + (rq or 0) + rkv,
+                  fp8_act=b * s * (2 * h + 2 * ((rq or 0) + rkv) + 2 * a * vd),
+                  rep_act=b * s * (2 * h + 2 * h + mask * h), tp_collectives=2, ring_width=a * (qk + vd))
 
 
 def _mlp(m: ModelSpec, f: int, tokens_per_token: float = 1.0, mask: bool = True) -> _Parts:
@@ -132,7 +175,11 @@ def _mlp(m: ModelSpec, f: int, tokens_per_token: float = 1.0, mask: bool = True)
     act = tokens_per_token * (2 * h + saved * 2 * f) + (m.dropout and mask) * h
     wgrad = tokens_per_token * (2 * h + 2 * f + 2 * f * (2 if m.gated_mlp else 1) + 2 * h)
     params = mats * h * f
-    return _Parts(linear_flops=linear, act=b * s * act, wgrad=b * s * wgrad, params=params)
+    return _Parts(linear_flops=linear, act=b * s * act, wgrad=b * s * wgrad, params=params,
+                  fp8_act=b * s * tokens_per_token * (2 * h + 2 * f),
+                  # a fused SwiGLU keeps its input (gate, up) and output, not silu(gate)
+                  unfused_act=b * s * tokens_per_token * 2 * f if m.gated_mlp else 0.0,
+                  rep_act=b * s * (tokens_per_token * 2 * h + (m.dropout and mask) * h), tp_collectives=2)
 
 
 def _add(*parts: _Parts) -> _Parts:
@@ -143,8 +190,13 @@ def _norm_act(m: ModelSpec) -> float:
     return m.micro_batch_size * m.seq_len * 2 * m.hidden  # second layer norm input (2h per token)
 
 
+def _norm(m: ModelSpec) -> _Parts:
+    """The second layer norm: its input, replicated over TP ranks without sequence parallelism."""
+    return _Parts(act=_norm_act(m), params=m.hidden, rep_act=_norm_act(m))
+
+
 def _dense(m: ModelSpec, t: Training) -> _Parts:
-    return _add(_attention(m, t), _mlp(m, m.f), _Parts(act=_norm_act(m), params=m.hidden))
+    return _add(_attention(m, t), _mlp(m, m.f), _norm(m))
 
 
 def _moe_mlp(m: ModelSpec) -> _Parts:
@@ -152,14 +204,22 @@ def _moe_mlp(m: ModelSpec) -> _Parts:
     e, k, fe = m.experts, m.top_k, m.moe_ffn or m.f
     routed = _mlp(m, fe, tokens_per_token=k)
     shared = _mlp(m, fe, tokens_per_token=m.shared_experts, mask=False) if m.shared_experts else _Parts()
-    router = _Parts(linear_flops=2 * b * s * h * e, act=b * s * (4 * e + 2 * k * h), params=h * e)
+    router = _Parts(linear_flops=2 * b * s * h * e, act=b * s * (4 * e + 2 * k * h), params=h * e,
+                    bf16_flops=2 * b * s * h * e)
     out = _add(routed, shared, router)
     out.params = e * routed.params + m.shared_experts * routed.params + h * e
+    out.expert_params = e * routed.params
+    out.expert_flops = routed.linear_flops
+    out.unfused_act += b * s * 2 * k * h  # the permuted copies, counted again as the experts' inputs
+    # routed experts exchange tokens by all-to-all (no TP collective around them when etp = 1, which
+    # the parallel estimate accounts for); a shared expert is a TP-split MLP
+    out.tp_collectives = 2 if m.shared_experts else 0
+    out.all_to_alls = 2
     return out
 
 
 def _moe(m: ModelSpec, t: Training) -> _Parts:
-    return _add(_attention(m, t), _moe_mlp(m), _Parts(act=_norm_act(m), params=m.hidden))
+    return _add(_attention(m, t), _moe_mlp(m), _norm(m))
 
 
 def _mamba(m: ModelSpec) -> _Parts:
@@ -172,21 +232,25 @@ def _mamba(m: ModelSpec) -> _Parts:
     act = 2 * (2 * h + 4 * di + 2 * n) + 2 * (di + 2 * n) + 2 * 3 * di
     wgrad = 2 * h + 2 * proj_out + 2 * di + 2 * h
     params = h * proj_out + di * h + 4 * (di + 2 * n) + 3 * nh + di + h  # + conv, A, D, dt, norms
-    return _Parts(linear_flops=linear, core_flops=core, act=b * s * act, wgrad=b * s * wgrad, params=params)
+    return _Parts(linear_flops=linear, core_flops=core, act=b * s * act, wgrad=b * s * wgrad, params=params,
+                  fp8_act=b * s * (2 * h + 2 * di),
+                  rep_act=b * s * 2 * 2 * h, tp_collectives=2)
 
 
 def _lm_head(m: ModelSpec) -> _Parts:
     b, s, h, v = m.micro_batch_size, m.seq_len, m.hidden, m.vocab
-    # input 2h, final norm input 2h, fp32 logits 4V per token for the cross-entropy backward
+    # input 2h, final norm input 2h, fp32 logits 4V per token for the cross-entropy backward; Megatron
+    # keeps the output layer in 16 bits in FP8 runs (it is not a Transformer Engine layer)
     return _Parts(linear_flops=2 * b * s * h * v, act=b * s * (4 * h + 4 * v), wgrad=b * s * (2 * h + 2 * v),
-                  params=h * v + h)
+                  params=h * v + h, bf16_flops=2 * b * s * h * v, rep_act=b * s * 4 * h, tp_collectives=1)
 
 
 def _embedding(m: ModelSpec) -> _Parts:
     b, s, h = m.micro_batch_size, m.seq_len, m.hidden
     bytes_ = DTYPE_BYTES[m.dtype]
     # gather: read and write b*s*h values; the weight gradient scatter-adds as many
-    return _Parts(act=b * s * 8, hbm_bytes=2 * b * s * h * bytes_, params=m.vocab * h)
+    return _Parts(act=b * s * 8, hbm_bytes=2 * b * s * h * bytes_, params=m.vocab * h, rep_act=b * s * 8,
+                  tp_collectives=1)
 
 
 def _parts(m: ModelSpec, t: Training, kind: str) -> _Parts:
@@ -221,24 +285,136 @@ def _scale_bytes(m: ModelSpec, p: _Parts) -> _Parts:
     if DTYPE_BYTES[m.dtype] == 2:
         return p
     k = DTYPE_BYTES[m.dtype] / 2
-    return p.model_copy(update={"act": p.act * k, "wgrad": p.wgrad * k})
+    return p.model_copy(update={"act": p.act * k, "wgrad": p.wgrad * k, "fp8_act": p.fp8_act * k,
+                                "rep_act": p.rep_act * k, "unfused_act": p.unfused_act * k})
 
 
-def layer_costs(model: ModelSpec, hardware: Hardware, training: Training) -> list[LayerCost]:
+ATTENDING = ("dense", "moe", "attention", "mtp_head")  # layer types with an attention core
+BLOCKS = ("dense", "moe", "mamba", "attention", "mlp", "mtp_head")  # what full recompute recomputes
+
+
+def _attended(m: ModelSpec, block: int) -> float:
+    """Fraction of the s x s attention scores a kernel computes in block `block` (0-based): about
+    half with a causal mask (FlashAttention skips masked tiles), w/s(1 - w/2s) with a causal window
+    of w tokens; 1 without a mask."""
+    s, w = m.seq_len, m.sliding_window
+    local = w is not None and w < s and not (m.full_attention_every and (block + 1) % m.full_attention_every == 0)
+    if local:
+        keys = w - w * (w - 1) / (2 * s) if m.causal else min(2 * w + 1, s)
+    else:
+        keys = (s + 1) / 2 if m.causal else s
+    return keys / s
+
+
+class _Rates(BaseModel):
+    """What one GPU does per ms (calibrated estimate): 16-bit and FP8 matmul FLOPs, attention FLOPs,
+    the slowdown of routed-expert work, HBM bytes."""
+
+    bf16: float
+    fp8: float
+    attention: float
+    moe: float
+    hbm: float
+
+    @classmethod
+    def of(cls, spec: Spec) -> _Rates:
+        hw = spec.hardware
+        bf16 = hw.peak_tflops * 1e9 * hw.bf16_efficiency
+        fp8 = hw.fp8_tflops * 1e9 * hw.fp8_efficiency if spec.precision == "fp8" else bf16
+        attention = hw.peak_tflops * 1e9 * (hw.attention_efficiency or hw.bf16_efficiency)
+        return cls(bf16=bf16, fp8=fp8, attention=attention, moe=hw.moe_efficiency, hbm=hw.hbm_gbps * 1e6)
+
+
+def _pass_times(p: _Parts, spec: Spec, layout: Layout, block: int | None) -> tuple[float, float, float]:
+    """F, B, W compute time of one layer on one GPU (calibrated estimate): FP8-able matmuls at the FP8
+    rate, the rest at the 16-bit one, the scores a kernel computes (`_attended`), all over tp x cp."""
+    r = _Rates.of(spec)
+    share = layout.tp * layout.cp
+    core = p.core_flops * (_attended(spec.model, block) if block is not None else 1.0)
+    expert = p.expert_flops / r.moe - p.expert_flops  # the routed experts' extra time, at the FP8-able rate
+    linear = ((p.linear_flops - p.bf16_flops + expert) / r.fp8 + p.bf16_flops / r.bf16) / share
+    core_ms = core / (r.attention if block is not None else r.bf16) / share
+    hbm = p.hbm_bytes / layout.cp / r.hbm
+    return linear + core_ms + hbm, linear + 2 * core_ms + hbm, linear + hbm
+
+
+def _exposed_comm(p: _Parts, spec: Spec, layout: Layout, compute: tuple[float, float], core_ms: float
+                  ) -> tuple[float, float]:
+    """Communication time left on the compute stream in F and in B (docs/costmodel.md):
+
+    * TP: `tp_collectives` all-gathers / reduce-scatters of the hidden state (b·s/cp·h 16-bit values)
+      per pass; the part beyond `tp_overlap` x the pass's compute shows;
+    * EP: `all_to_alls` per pass, each GPU sending its b·s/(tp·cp) tokens x top_k x h 16-bit values;
+      the part beyond `ep_overlap` x the pass's compute shows;
+    * CP: cp - 1 ring steps of the K and V chunk in F, twice that in B (K, V and their gradients);
+      they overlap the attention kernels, only the excess shows."""
+    m, par = spec.model, spec.parallel_or_default
+    b, s, h = m.micro_batch_size, m.seq_len, m.hidden
+    tp = p.tp_collectives * layout.tp_collective_ms(b * s / layout.cp * h * 2)
+    routed = b * s / (layout.tp * layout.cp) * (m.top_k or 0) * h * 2
+    a2a = p.all_to_alls * layout.all_to_all_ms(routed)
+    ring = (layout.cp - 1) * layout.cp_ring_ms(b * s / layout.cp * p.ring_width * 2 / layout.tp)
+    out = []
+    for k, busy in enumerate(compute):
+        shown = max(0.0, tp - par.tp_overlap * busy) + max(0.0, a2a - par.ep_overlap * busy)
+        shown += max(0.0, (k + 1) * (ring - core_ms))
+        out.append(shown)
+    return out[0], out[1]
+
+
+def _per_gpu_memory(p: _Parts, spec: Spec, layout: Layout) -> tuple[float, float]:
+    """(activation, W-held) bytes one GPU keeps for the layer: what Megatron's fused kernels keep
+    (`unfused_act` out); FP8 runs keep linear-layer inputs in 8 bits; TP with sequence parallelism
+    splits everything, without it only what is not `rep_act` (Korthikanti et al. 2022, Table 2:
+    sbh(10 + 24/t + 5as/(ht)) vs sbh(34 + 5as/h)/t); CP splits the sequence."""
+    act = p.act - p.unfused_act
+    if spec.precision == "fp8":
+        act -= p.fp8_act / 2
+    if layout.tp > 1 or layout.cp > 1:
+        rep = min(p.rep_act, act)
+        act = ((act - rep) / layout.tp + (rep / layout.tp if layout.sp else rep)) / layout.cp
+    wgrad = min(p.wgrad * act / p.act, act) if p.act > 0 else 0.0
+    return act, wgrad
+
+
+def layer_costs(spec: Spec) -> list[LayerCost]:
     """Per-layer, per-microbatch F/B/W time, activation and W-held bytes, parameters and the static
-    bytes they keep."""
+    bytes they keep -- per GPU: a stage's GPU holds its layers' share over tp x cp (and ep)."""
+    model, hardware, training = spec.model, spec.hardware, spec.training
     flops_per_ms = hardware.peak_tflops * 1e12 * hardware.mfu / 1e3
     if model.dtype == "fp32":
         flops_per_ms /= 2  # without 16-bit tensor cores (TF32 is half the BF16 rate on A100/H100)
     bytes_per_ms = hardware.hbm_gbps * 1e9 / 1e3
-    out = []
+    layout = Layout.of(spec) if spec.describes_the_job else None
+    out, block = [], 0
     for g in model.layer_groups():
         p = _scale_bytes(model, _parts(model, training, g.type))
-        fwd = (p.linear_flops + p.core_flops) / flops_per_ms + p.hbm_bytes / bytes_per_ms
-        bi = (p.linear_flops + 2 * p.core_flops) / flops_per_ms + p.hbm_bytes / bytes_per_ms
-        bw = p.linear_flops / flops_per_ms + p.hbm_bytes / bytes_per_ms
-        act = g.activation_mib * MIB if g.activation_mib is not None else p.act
-        wg = g.weight_grad_mib * MIB if g.weight_grad_mib is not None else p.wgrad
+        attending = block if g.type in ATTENDING else None
+        if spec.precision is None:  # the original estimate, every number as it always was
+            fwd = (p.linear_flops + p.core_flops) / flops_per_ms + p.hbm_bytes / bytes_per_ms
+            bi = (p.linear_flops + 2 * p.core_flops) / flops_per_ms + p.hbm_bytes / bytes_per_ms
+            bw = p.linear_flops / flops_per_ms + p.hbm_bytes / bytes_per_ms
+            core_ms = p.core_flops / flops_per_ms
+            if layout is not None and layout.tp * layout.cp > 1:
+                fwd, bi, bw, core_ms = (x / (layout.tp * layout.cp) for x in (fwd, bi, bw, core_ms))
+        else:
+            fwd, bi, bw = _pass_times(p, spec, layout, attending)
+            core_ms = (bi - fwd)
+        act, wg = p.act, p.wgrad
+        transient = 0.0
+        if layout is not None:
+            fwd_comm, bi_comm = _exposed_comm(p, spec, layout, (fwd, bi), core_ms)
+            act, wg = _per_gpu_memory(p, spec, layout)
+            if training.full_recompute and g.type in BLOCKS:
+                # keep the block's input only; rerun its forward inside the backward
+                transient, act = act, min(act, boundary_bytes(model) / (layout.tp * layout.cp))
+                wg, bi = min(wg, act), bi + fwd + fwd_comm
+            fwd, bi = fwd + fwd_comm, bi + bi_comm
+        if g.type in BLOCKS:
+            block += 1
+        act = g.activation_mib * MIB if g.activation_mib is not None else act
+        wg = g.weight_grad_mib * MIB if g.weight_grad_mib is not None else wg
+        causal = _attended(model, attending) if attending is not None else 1.0
         out.append(LayerCost(
             type=g.type,
             forward_ms=g.forward_ms if g.forward_ms is not None else fwd,
@@ -249,14 +425,45 @@ def layer_costs(model: ModelSpec, hardware: Hardware, training: Training) -> lis
             params=g.params if g.params is not None else p.params,
             static_bytes=0.0,
             flops=p.linear_flops + p.core_flops,
+            model_flops=p.linear_flops + p.core_flops * causal,
+            expert_params=p.expert_params,
+            transient_bytes=transient,
         ))
     if model.tie_embeddings:
         head = next(c for c in out if c.type == "lm_head")
         head.params = out[0].params  # same shape; a second copy lives on the last stage
-    bpp = static_bytes_per_param(training)
-    for c in out:
-        c.static_bytes = c.params * bpp
+    _static(spec, out, layout)
     return out
+
+
+def _static(spec: Spec, costs: list[LayerCost], layout: Layout | None) -> None:
+    """Fill each layer's static bytes (weights, gradients, optimizer state) and, with a parallel
+    layout, the per-GPU gradient bytes its stage reduces and parameters its optimizer steps."""
+    par, t = spec.parallel, spec.training
+    if par is None:
+        bpp = static_bytes_per_param(t)
+        for c in costs:
+            c.static_bytes = c.params * bpp
+        if layout is None:
+            return
+    grad = 4 if par is None or par.grad_dtype == "fp32" else 2
+    optimizer = "distributed" if par is None else par.optimizer
+    dp_group = layout.dp * layout.cp
+    for c in costs:
+        dense = (c.params - c.expert_params) / layout.tp
+        expert = c.expert_params / (layout.ep * layout.etp)
+        c.grad_bytes = (dense * grad, expert * grad)
+        sharded = (dense, expert) if optimizer == "replicated" else (dense / dp_group, expert / layout.edp)
+        c.optimizer_params = sharded[0] + sharded[1]
+        if par is None:
+            continue
+        if t.bytes_per_param is not None:
+            c.static_bytes = (dense + expert) * t.bytes_per_param
+        elif optimizer == "fsdp":  # 16-bit weights and gradients gathered for the stage, the rest sharded
+            c.static_bytes = (dense + expert) * 4 + (4 + 4 + 8) * c.optimizer_params
+        else:  # 16-bit weights (FP8 runs: FP8 data + transpose, as Megatron's fp8_param_gather keeps
+            # them), gradient buffer, fp32 master weights and Adam moments (12 B, sharded)
+            c.static_bytes = (dense + expert) * (2 + grad) + 12 * c.optimizer_params
 
 
 def static_bytes_per_param(training: Training) -> float:
@@ -288,20 +495,28 @@ def _r_pos(x: float) -> float:
 def build_problem(spec: Spec, partition: list[list[int]], placement: str | None = None,
                   chunks: int | None = None, costs: list[LayerCost] | None = None) -> Problem:
     """The problem v1 of `spec` cut at `partition` ([first, end) layer ranges, one per stage) and
-    placed loop or V with `chunks` stages per device (defaults: the spec's training settings)."""
+    placed loop or V with `chunks` stages per device (defaults: the spec's training settings).
+
+    A spec that describes the whole job (`parallel`, `precision` or `cluster`) also gets the
+    iteration around the pipeline: each stage's gradient reduction, each device's optimizer step,
+    and the workload that turns the iteration time into tokens/s per GPU and MFU."""
     m, hw, t = spec.model, spec.hardware, spec.training
     placement = placement or t.placement
     chunks = chunks or (t.num_chunks if placement == t.placement else (2 if placement == "v" else 1))
-    costs = costs if costs is not None else layer_costs(m, hw, t)
+    costs = costs if costs is not None else layer_costs(spec)
     num_stages = t.devices * chunks
     if len(partition) != num_stages:
         raise ValueError(f"partition: {len(partition)} ranges for {num_stages} stages")
     if partition[0][0] != 0 or partition[-1][1] != len(costs) or any(
             a[1] != b[0] for a, b in itertools.pairwise(partition)) or any(r[1] <= r[0] for r in partition):
         raise ValueError(f"partition: ranges must be non-empty, contiguous and cover 0..{len(costs)}")
+    layout = Layout.of(spec) if spec.describes_the_job else None
     boundary = boundary_bytes(m)
+    if layout is not None and layout.tp * layout.cp > 1:
+        boundary /= layout.tp * layout.cp  # each GPU sends and checkpoints its share of the hidden state
     host_bytes_per_ms = hw.host_link_gbps * 1e9 / 1e3
     stages, params_on = [], [0.0] * t.devices
+    static_on, transient_on, tail_on = [0.0] * t.devices, [0.0] * t.devices, [0.0] * t.devices
     for k, (lo, hi) in enumerate(partition):
         layer = costs[lo:hi]
         act = sum(c.activation_bytes for c in layer)
@@ -311,6 +526,13 @@ def build_problem(spec: Spec, partition: list[list[int]], placement: str | None 
         offload = act / host_bytes_per_ms
         device = stage_device(k, t.devices, placement)
         params_on[device] += sum(c.params for c in layer)
+        reduce = None
+        if layout is not None:
+            static_on[device] += sum(c.static_bytes for c in layer)
+            transient_on[device] = max([transient_on[device], *(c.transient_bytes for c in layer)])
+            reduce = _reduce_ms(spec, layout, layer)
+            if not spec.parallel_or_default.overlap_grad_reduce:  # all reductions after the device's last op
+                tail_on[device], reduce = tail_on[device] + reduce, None
         stages.append(Stage(
             device=device, forward_ms=_r_pos(fwd),
             backward_input_ms=_r_pos(sum(c.backward_input_ms for c in layer)),
@@ -318,12 +540,28 @@ def build_problem(spec: Spec, partition: list[list[int]], placement: str | None 
             recompute_ms=_r_pos(fwd), offload_ms=_r(max(offload, 1e-4)),
             activation_mib=_r(act / MIB), weight_grad_mib=_r(min(wg, act) / MIB),
             offloadable_mib=_r(act / MIB), checkpoint_mib=_r(min(ckpt, act) / MIB),
+            reduce_ms=_r(reduce) if reduce else None,
         ))
-    bpp = static_bytes_per_param(t)
     budgets = t.memory_budget_gib if isinstance(t.memory_budget_gib, list) else [t.memory_budget_gib] * t.devices
-    devices = [Device(memory_limit_mib=_r(((b if b is not None else hw.hbm_gib) - t.reserved_gib) * 1024),
-                      static_mib=_r(params_on[d] * bpp / MIB)) for d, b in enumerate(budgets)]
-    p2p = hw.link_latency_us / 1e3 + boundary / (hw.link_gbps * 1e9 / 1e3)
+    limits = [_r(((b if b is not None else hw.hbm_gib) - t.reserved_gib) * 1024) for b in budgets]
+    if spec.parallel is None:
+        bpp = static_bytes_per_param(t)
+        static = [params_on[d] * bpp for d in range(t.devices)]
+    else:
+        static = static_on
+    static = [static[d] + transient_on[d] for d in range(t.devices)]
+    optimizer = [None] * t.devices
+    if layout is not None:
+        optimizer = [_r(_optimizer_ms(spec, layout, [c for k, (lo, hi) in enumerate(partition)
+                                                     if stage_device(k, t.devices, placement) == d
+                                                     for c in costs[lo:hi]]) + tail_on[d])
+                     for d in range(t.devices)]
+    devices = [Device(memory_limit_mib=limits[d], static_mib=_r(static[d] / MIB), optimizer_ms=optimizer[d])
+               for d in range(t.devices)]
+    if layout is None:
+        p2p = hw.link_latency_us / 1e3 + boundary / (hw.link_gbps * 1e9 / 1e3)
+    else:
+        p2p = layout.p2p_ms(boundary)
     total_params = sum(c.params for c in costs)
     metadata = {
         "costmodel": COSTMODEL_VERSION,
@@ -338,18 +576,52 @@ def build_problem(spec: Spec, partition: list[list[int]], placement: str | None 
         },
         "hardware": hw.name,
     }
+    workload = None
+    if layout is not None:
+        metadata["job"] = {"tp": layout.tp, "cp": layout.cp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep,
+                           "etp": layout.etp, "sp": layout.sp, "gpus": layout.gpus,
+                           "precision": spec.precision or m.dtype, "cluster": layout.cluster.name,
+                           "optimizer": spec.parallel_or_default.optimizer}
+        replicas = t.microbatches * layout.dp
+        workload = Workload(tokens=replicas * m.micro_batch_size * m.seq_len, gpus=layout.gpus,
+                            model_flops=3 * sum(c.model_flops for c in costs) * replicas,
+                            peak_tflops=hw.peak_tflops)
     return Problem(
         format=PROBLEM_FORMAT, num_devices=t.devices, num_microbatches=t.microbatches, p2p_ms=_r(p2p),
         options=Options(split_backward=t.split_backward, offload=t.offload, recompute=t.recompute),
-        stages=stages, devices=devices, metadata=metadata,
+        stages=stages, devices=devices, metadata=metadata, workload=workload,
     )
+
+
+# Adam's step reads and writes fp32 master weights and both moments (24 B), reads the gradient and
+# writes the 16-bit weight (about 8 B more): memory-bound, at the HBM rate.
+OPTIMIZER_BYTES_PER_PARAM = 32.0
+
+
+def _reduce_ms(spec: Spec, layout: Layout, layers: list[LayerCost]) -> float:
+    """The stage's data-parallel gradient reduction (layout.grad_reduce_ms)."""
+    dense = sum(c.grad_bytes[0] for c in layers)
+    expert = sum(c.grad_bytes[1] for c in layers)
+    return layout.grad_reduce_ms(dense, expert, all_reduce=spec.parallel_or_default.optimizer == "replicated")
+
+
+def _optimizer_ms(spec: Spec, layout: Layout, layers: list[LayerCost]) -> float:
+    """One device's optimizer step over the parameters it updates, plus the distributed optimizer's
+    parameter all-gather when it does not hide in the next iteration's forwards."""
+    par = spec.parallel_or_default
+    step = sum(c.optimizer_params for c in layers) * OPTIMIZER_BYTES_PER_PARAM / (spec.hardware.hbm_gbps * 1e6)
+    if par.optimizer == "distributed" and not par.overlap_param_gather:
+        dense = sum(c.grad_bytes[0] for c in layers) / (4 if par.grad_dtype == "fp32" else 2) * 2
+        expert = sum(c.grad_bytes[1] for c in layers) / (4 if par.grad_dtype == "fp32" else 2) * 2
+        step += layout.param_gather_ms(dense, expert)
+    return step
 
 
 def partition_for(spec: Spec, strategy: str | list[int], chunks: int | None = None,
                   costs: list[LayerCost] | None = None) -> list[list[int]]:
     """Layer ranges for 'uniform' / 'balanced' (by F+B+W time, embedding and heads counted) or an
     explicit list of layers per stage."""
-    costs = costs if costs is not None else layer_costs(spec.model, spec.hardware, spec.training)
+    costs = costs if costs is not None else layer_costs(spec)
     stages = spec.training.devices * (chunks or spec.training.num_chunks)
     if isinstance(strategy, list):
         return counts_to_ranges(strategy)

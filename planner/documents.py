@@ -20,7 +20,7 @@ def problem_from_spec(spec: Spec) -> Problem:
     """The problem for the spec's own partition strategy ("auto": planner.adaptive's search)."""
     if spec.partition == "auto":
         return adaptive_problem(spec)
-    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    costs = layer_costs(spec)
     return build_problem(spec, partition_for(spec, spec.partition, costs=costs), costs=costs)
 
 

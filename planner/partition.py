@@ -125,7 +125,9 @@ class _MemoryModel:
         self.limit = [((b if b is not None else spec.hardware.hbm_gib) - t.reserved_gib) * 2.0**30
                       for b in budgets]
         self.reduce = t.offload or t.recompute
-        self.boundary = spec.model.micro_batch_size * spec.model.seq_len * spec.model.hidden * 2
+        par = spec.parallel_or_default
+        # the stage input a recomputing stage keeps (per GPU: split over tp x cp)
+        self.boundary = spec.model.micro_batch_size * spec.model.seq_len * spec.model.hidden * 2 / (par.tp * par.cp)
         self.held = [_inflight(k, spec, placement, chunks) for k in range(p * chunks)]
         self.static = _prefix([c.static_bytes for c in costs])
         self.act = _prefix([c.activation_bytes for c in costs])

@@ -22,6 +22,11 @@ SPEC_FORMAT = "pipeplan.spec/v1"
 LayerType = Literal["dense", "moe", "mamba", "attention", "mlp", "embedding", "lm_head", "mtp_head"]
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 PATTERN = {"D": "dense", "E": "moe", "M": "mamba", "*": "attention", "-": "mlp"}
+PRECISION = Literal["bf16", "fp8"]
+# The calibrated estimate's fitted figures (bench/published.py fits them; docs/costmodel.md says on
+# which published runs): achieved fractions of the H100's peaks, and of the DGX links' rates.
+H100_EFFICIENCY = {"bf16_efficiency": 0.491, "fp8_efficiency": 0.491}
+CLUSTER_EFFICIENCY = {"bus_efficiency": 0.738}
 
 
 class LayerGroup(BaseModel):
@@ -70,6 +75,18 @@ class ModelSpec(BaseModel):
     mamba_expand: int = Field(default=2, ge=1)
     mamba_head_dim: int = Field(default=64, ge=1)
     mtp_heads: int = Field(default=0, ge=0, description="multi-token-prediction heads after the LM head")
+    # Multi-head latent attention (DeepSeek-V2/V3; Hugging Face config names): set kv_lora_rank to use it
+    q_lora_rank: int | None = Field(default=None, ge=1, description="MLA: query down-projection rank (none: full)")
+    kv_lora_rank: int | None = Field(default=None, ge=1, description="MLA: joint key/value latent rank")
+    qk_nope_head_dim: int | None = Field(default=None, ge=1, description="MLA: per-head query/key dims without RoPE")
+    qk_rope_head_dim: int = Field(default=64, ge=0, description="MLA: per-head query/key dims with RoPE")
+    v_head_dim: int | None = Field(default=None, ge=1, description="MLA: per-head value dims")
+    # Attention extent, read by the calibrated estimate (a spec with `precision`); the original
+    # estimate counts every attention score, as Narayanan et al. do
+    causal: bool = Field(default=True, description="causal mask: kernels skip the masked half of the scores")
+    sliding_window: int | None = Field(default=None, ge=1, description="tokens a query attends to (local layers)")
+    full_attention_every: int | None = Field(
+        default=None, ge=1, description="with sliding_window: every n-th block attends globally (None: none)")
     stack: list[LayerGroup] | None = Field(
         default=None, description="explicit layer types in order; embedding/lm_head added when absent")
     pattern: str | None = Field(
@@ -101,6 +118,12 @@ class ModelSpec(BaseModel):
             raise ValueError("stack: has moe layers but experts/top_k are not given")
         if self.layers is not None and self.first_dense_layers > self.layers:
             raise ValueError("first_dense_layers: exceeds layers")
+        mla = (self.q_lora_rank, self.qk_nope_head_dim, self.v_head_dim)
+        if self.kv_lora_rank is None and any(x is not None for x in mla):
+            raise ValueError("kv_lora_rank: MLA fields are given (q_lora_rank, qk_nope_head_dim or"
+                             " v_head_dim) but kv_lora_rank, which turns MLA on, is not")
+        if self.full_attention_every is not None and self.sliding_window is None:
+            raise ValueError("full_attention_every: needs sliding_window")
         return self
 
     # derived sizes
@@ -119,6 +142,20 @@ class ModelSpec(BaseModel):
     @property
     def kv_dim(self) -> int:
         return (self.kv_heads or self.heads) * self.hd
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_head_dim(self) -> int:
+        """MLA: per-head query/key width (the no-RoPE and RoPE parts)."""
+        return (self.qk_nope_head_dim or self.hd) + self.qk_rope_head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of the attention output before the output projection."""
+        return self.heads * (self.v_head_dim or self.hd) if self.mla else self.q_dim
 
     def layer_groups(self) -> list[LayerGroup]:
         """The whole stack in order: embedding, blocks, LM head, MTP heads."""
@@ -143,13 +180,29 @@ class ModelSpec(BaseModel):
 
 
 class Hardware(BaseModel):
-    """One accelerator and its links. Presets give datasheet numbers; any field may be overridden."""
+    """One accelerator and its links. Presets give datasheet numbers; any field may be overridden.
+
+    Two estimates read it: the original one (a spec without `precision`) times everything at `mfu`;
+    the calibrated one (a spec with `precision`) times 16-bit matrix math at `bf16_efficiency` x the
+    16-bit peak and FP8 linear layers at `fp8_efficiency` x `fp8_tflops`, fitted on published runs
+    (docs/costmodel.md, "Calibration")."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = "custom"
     peak_tflops: float = Field(gt=0, description="dense 16-bit tensor-core peak, TFLOP/s")
     mfu: float = Field(default=0.45, gt=0, le=1, description="achieved fraction of the peak")
+    fp8_tflops: float | None = Field(default=None, gt=0, description="dense FP8 tensor-core peak, TFLOP/s")
+    bf16_efficiency: float = Field(default=0.5, gt=0, le=1,
+                                   description="calibrated estimate: achieved fraction of peak_tflops")
+    fp8_efficiency: float = Field(default=0.4, gt=0, le=1,
+                                  description="calibrated estimate: achieved fraction of fp8_tflops")
+    attention_efficiency: float | None = Field(
+        default=None, gt=0, le=1, description="calibrated estimate: attention kernels' achieved fraction of"
+        " peak_tflops (default: bf16_efficiency)")
+    moe_efficiency: float = Field(
+        default=1.0, gt=0, le=1, description="calibrated estimate: routed-expert work's achieved fraction of"
+        " the dense matmul rate (grouped GEMMs, token permutation, routing synchronisation)")
     hbm_gib: float = Field(gt=0)
     hbm_gbps: float = Field(default=2000.0, gt=0, description="HBM bandwidth, GB/s")
     host_link_gbps: float = Field(gt=0, description="device<->host copy bandwidth per direction, GB/s")
@@ -157,21 +210,101 @@ class Hardware(BaseModel):
     link_latency_us: float = Field(default=10.0, ge=0)
 
 
-# Datasheet numbers (NVIDIA A100 / H100 / H200 datasheets: dense BF16 tensor TFLOP/s, HBM size and
-# bandwidth). Host link: achievable PCIe 4.0 x16 (~25 GB/s of 32) for A100, PCIe 5.0 x16 (~50 of 64)
-# for H100/H200. Inter-stage link: NVLink per direction at ~80% (A100: 300 GB/s, H100/H200: 450 GB/s
-# per direction on the datasheet). Across nodes, override link_gbps with the NIC rate (e.g. 50 for
-# 400 Gb/s InfiniBand). hbm_gib is the memory nvidia-smi reports.
+# Datasheet numbers (NVIDIA A100 / H100 / H200 datasheets: dense BF16 and FP8 tensor TFLOP/s, HBM size
+# and bandwidth). Host link: achievable PCIe 4.0 x16 (~25 GB/s of 32) for A100, PCIe 5.0 x16 (~50 of
+# 64) for H100/H200. Inter-stage link: NVLink per direction at ~80% (A100: 300 GB/s, H100/H200: 450
+# GB/s per direction on the datasheet). Across nodes, override link_gbps with the NIC rate (e.g. 50 for
+# 400 Gb/s InfiniBand), or give a `cluster`. hbm_gib is the memory nvidia-smi reports. `mfu` is the
+# original estimate's figure; bf16_efficiency and fp8_efficiency are the calibrated estimate's,
+# fitted on published H100 runs (docs/costmodel.md: which runs, and the fit); H200 has H100's compute
+# (same SXM5 tensor cores and clocks), so it takes H100's figures; A100's are not calibrated.
 HARDWARE: dict[str, Hardware] = {
     "A100-40GB": Hardware(name="A100-40GB", peak_tflops=312, mfu=0.5, hbm_gib=40.0, hbm_gbps=1555,
                           host_link_gbps=25, link_gbps=240),
     "A100-80GB": Hardware(name="A100-80GB", peak_tflops=312, mfu=0.5, hbm_gib=80.0, hbm_gbps=2039,
                           host_link_gbps=25, link_gbps=240),
     "H100-80GB": Hardware(name="H100-80GB", peak_tflops=989, mfu=0.4, hbm_gib=79.6, hbm_gbps=3350,
-                          host_link_gbps=50, link_gbps=360),
+                          host_link_gbps=50, link_gbps=360, fp8_tflops=1979, **H100_EFFICIENCY),
     "H200-141GB": Hardware(name="H200-141GB", peak_tflops=989, mfu=0.4, hbm_gib=140.4, hbm_gbps=4800,
-                           host_link_gbps=50, link_gbps=360),
+                           host_link_gbps=50, link_gbps=360, fp8_tflops=1979, **H100_EFFICIENCY),
 }
+
+
+class Cluster(BaseModel):
+    """The nodes the GPUs sit in: how many per node and the links inside and between nodes.
+
+    Bandwidths are per GPU and per direction; `bus_efficiency` is the fraction of them collectives
+    and transfers achieve (NCCL's bus bandwidth over the link rate), fitted with the compute
+    efficiencies (docs/costmodel.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "custom"
+    gpus_per_node: int = Field(default=8, ge=1)
+    nvlink_gbps: float = Field(gt=0, description="inside a node, per GPU per direction, GB/s")
+    nvlink_latency_us: float = Field(default=3.0, ge=0)
+    ib_gbps: float = Field(gt=0, description="between nodes (the GPU's NIC), per direction, GB/s")
+    ib_latency_us: float = Field(default=8.0, ge=0)
+    bus_efficiency: float = Field(default=0.8, gt=0, le=1, description="achieved fraction of link rates")
+
+
+# DGX nodes (NVIDIA DGX A100 / H100 / H200 datasheets): 8 GPUs on NVSwitch -- NVLink 3 at 600 GB/s
+# and NVLink 4 at 900 GB/s per GPU, both directions together -- and one NIC per GPU: 200 Gb/s HDR
+# InfiniBand (A100), 400 Gb/s NDR (H100, H200).
+CLUSTERS: dict[str, Cluster] = {
+    "DGX-A100": Cluster(name="DGX-A100", nvlink_gbps=300, ib_gbps=25, **CLUSTER_EFFICIENCY),
+    "DGX-H100": Cluster(name="DGX-H100", nvlink_gbps=450, ib_gbps=50, **CLUSTER_EFFICIENCY),
+    "DGX-H200": Cluster(name="DGX-H200", nvlink_gbps=450, ib_gbps=50, **CLUSTER_EFFICIENCY),
+}
+# The cluster a spec gets when it names none but lays a stage over several GPUs: its GPU's DGX node.
+DEFAULT_CLUSTER = {"A100-40GB": "DGX-A100", "A100-80GB": "DGX-A100", "H100-80GB": "DGX-H100",
+                   "H200-141GB": "DGX-H200"}
+
+
+class Parallel(BaseModel):
+    """How each pipeline stage is spread over GPUs, and how the optimizer state is sharded.
+
+    Megatron-LM's conventions: GPUs = tp x cp x pp x dp (pp = training.devices); ranks are ordered
+    tp fastest, then cp, then dp, then pp, so a tp group sits inside a node and pipeline hops cross
+    nodes first. Expert layers fold their own etp x ep x edp grid onto the same tp x cp x dp GPUs of a
+    stage (Megatron's "MoE parallel folding"): ep x etp divides tp x cp x dp, edp is the rest."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tp: int = Field(default=1, ge=1, description="tensor parallel degree")
+    cp: int = Field(default=1, ge=1, description="context parallel degree (ring attention)")
+    ep: int = Field(default=1, ge=1, description="expert parallel degree")
+    etp: int | None = Field(default=None, ge=1, description="expert tensor parallel degree (default: tp)")
+    dp: int | None = Field(default=None, ge=1, description="data parallel degree (default: from gpus, else 1)")
+    gpus: int | None = Field(default=None, ge=1, description="total GPUs; checked against tp x cp x pp x dp")
+    sp: bool | None = Field(default=None, description="sequence parallelism (default: on when tp > 1)")
+    optimizer: Literal["replicated", "distributed", "fsdp"] = Field(
+        default="distributed", description="replicated Adam; distributed optimizer (ZeRO-1, Megatron's"
+        " --use-distributed-optimizer); fsdp (ZeRO-3, weights and gradients sharded too)")
+    grad_dtype: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="gradient buffer and reduction dtype (Megatron: fp32 main_grad)")
+    tp_overlap: float = Field(default=0.0, ge=0, le=1, description=(
+        "fraction of a layer pass's compute that hides its TP all-gathers / reduce-scatters"))
+    ep_overlap: float = Field(default=0.0, ge=0, le=1, description=(
+        "fraction of a MoE layer pass's compute that hides its expert all-to-alls"))
+    overlap_grad_reduce: bool = Field(default=True, description="a stage's gradient reduction starts"
+                                      " after its last weight gradient, beside later compute")
+    overlap_param_gather: bool = Field(default=True, description="the distributed optimizer's"
+                                       " parameter all-gather hides in the next iteration's forwards")
+
+    def dp_of(self, pp: int) -> int:
+        """The data parallel degree: given, else what `gpus` leaves, else 1."""
+        if self.dp is not None:
+            return self.dp
+        return self.gpus // (self.tp * self.cp * pp) if self.gpus is not None else 1
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.sp if self.sp is not None else self.tp > 1
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp if self.etp is not None else self.tp
 
 
 class Training(BaseModel):
@@ -182,7 +315,7 @@ class Training(BaseModel):
     devices: int = Field(ge=1, description="pipeline-parallel devices")
     microbatches: int = Field(ge=1)
     placement: Literal["loop", "v"] = "loop"
-    chunks: int | None = Field(default=None, ge=1, le=8, description="stages per device (V: 2)")
+    chunks: int | None = Field(default=None, ge=1, le=64, description="stages per device (V: 2)")
     split_backward: bool = True
     offload: bool = False
     recompute: bool = False
@@ -192,6 +325,9 @@ class Training(BaseModel):
     dp_shards: int = Field(default=1, ge=1, description="data-parallel degree sharding optimizer state")
     bytes_per_param: float | None = Field(default=None, gt=0, description="override the 16 of ZeRO")
     flash_attention: bool = True
+    full_recompute: bool = Field(default=False, description=(
+        "every block keeps only its input and recomputes its forward inside its backward (Megatron's"
+        " recompute_granularity=full, torchtitan's full activation checkpointing)"))
 
     @model_validator(mode="after")
     def _check(self) -> Training:
@@ -221,22 +357,22 @@ class Spec(BaseModel):
     training: Training
     partition: Literal["uniform", "balanced", "auto"] | list[int] = Field(
         default="balanced", description="strategy, or layers per stage (embedding/head included)")
+    # Added after the first specs; each is optional and absent means what a spec meant before it
+    # existed, so those specs keep their problems and cache keys (docs/costmodel.md).
+    parallel: Parallel | None = Field(default=None, description="tensor/context/expert/data parallelism")
+    precision: PRECISION | None = Field(
+        default=None, description="bf16, or fp8 linear layers; selects the calibrated estimate")
+    cluster: Cluster | None = Field(default=None, description="nodes and links (a preset name or fields)")
 
     @field_validator("hardware", mode="before")
     @classmethod
-    def _preset(cls, value: Any) -> Any:
-        """A preset name, or a dict with an optional `preset` whose fields it overrides."""
-        if isinstance(value, str):
-            if value not in HARDWARE:
-                raise ValueError(f"unknown preset {value!r}; presets: {', '.join(HARDWARE)}")
-            return HARDWARE[value]
-        if isinstance(value, dict) and "preset" in value:
-            name = value["preset"]
-            if name not in HARDWARE:
-                raise ValueError(f"preset: unknown {name!r}; presets: {', '.join(HARDWARE)}")
-            rest = {k: v for k, v in value.items() if k != "preset"}
-            return {**HARDWARE[name].model_dump(), **rest}
-        return value
+    def _hardware_preset(cls, value: Any) -> Any:
+        return _preset(value, HARDWARE)
+
+    @field_validator("cluster", mode="before")
+    @classmethod
+    def _cluster_preset(cls, value: Any) -> Any:
+        return _preset(value, CLUSTERS)
 
     @model_validator(mode="after")
     def _check(self) -> Spec:
@@ -250,8 +386,93 @@ class Spec(BaseModel):
                 raise ValueError(f"partition: {len(self.partition)} entries for {stages} stages")
             if any(c < 1 for c in self.partition) or sum(self.partition) != n:
                 raise ValueError(f"partition: layers per stage must be >= 1 and sum to {n}")
+        if self.precision is not None:
+            if self.model.dtype != "bf16":
+                raise ValueError(f"precision: {self.precision} needs model.dtype bf16, got {self.model.dtype}")
+            if self.precision == "fp8" and self.hardware.fp8_tflops is None:
+                raise ValueError(f"precision: fp8 needs hardware.fp8_tflops ({self.hardware.name} has no"
+                                 " FP8 tensor cores in its preset)")
+        if self.parallel is not None:
+            _check_parallel(self)
         return self
 
+    @property
+    def parallel_or_default(self) -> Parallel:
+        """The spec's parallel layout; a spec without one runs each stage on one GPU."""
+        return self.parallel if self.parallel is not None else Parallel()
+
+    @property
+    def cluster_or_default(self) -> Cluster | None:
+        """The spec's cluster, else its GPU's DGX node (None for custom hardware)."""
+        if self.cluster is not None:
+            return self.cluster
+        name = DEFAULT_CLUSTER.get(self.hardware.name)
+        return CLUSTERS[name] if name else None
+
+    @property
+    def describes_the_job(self) -> bool:
+        """The spec uses the fields that describe a whole training job (parallel layout, precision or
+        cluster): its problem carries the iteration around the pipeline (gradient reduction,
+        optimizer step, tokens and FLOPs). Without them a spec means what it meant before they
+        existed -- one pipeline, nothing around it -- and keeps its problem key."""
+        return self.parallel is not None or self.precision is not None or self.cluster is not None
+
+
+def _check_parallel(spec: Spec) -> None:
+    """Raise ValueError naming the field when the parallel layout cannot run the model."""
+    par, m, pp = spec.parallel, spec.model, spec.training.devices
+    tp, cp, ep = par.tp, par.cp, par.ep
+    if spec.training.dp_shards != 1:
+        raise ValueError("training.dp_shards: with `parallel` the optimizer state is sharded by"
+                         " parallel.optimizer over parallel.dp; drop dp_shards")
+    if m.heads % tp:
+        raise ValueError(f"parallel.tp: {tp} does not divide model.heads ({m.heads})")
+    kv = m.kv_heads or m.heads
+    if not m.mla and kv % tp:
+        raise ValueError(f"parallel.tp: {tp} does not divide model.kv_heads ({kv}); Megatron splits"
+                         " whole key/value groups")
+    cluster = spec.cluster_or_default
+    if tp > 1 and cluster is None:
+        raise ValueError("cluster: needed to cost tensor parallelism on custom hardware (a preset"
+                         f" name: {', '.join(CLUSTERS)}, or fields)")
+    if cluster is not None and tp > cluster.gpus_per_node:
+        raise ValueError(f"parallel.tp: {tp} exceeds cluster.gpus_per_node ({cluster.gpus_per_node});"
+                         " tensor parallel collectives run every layer and need NVLink")
+    if cp > 1 and m.seq_len % (2 * cp):
+        raise ValueError(f"parallel.cp: 2 x {cp} does not divide model.seq_len ({m.seq_len}); ring"
+                         " attention splits the sequence into 2 x cp load-balanced chunks")
+    if par.gpus is not None and par.dp is None and par.gpus % (tp * cp * pp):
+        raise ValueError(f"parallel.gpus: {par.gpus} is not a multiple of tp x cp x pp ="
+                         f" {tp} x {cp} x {pp} = {tp * cp * pp} (pp is training.devices)")
+    dp = par.dp_of(pp)
+    if par.gpus is not None and tp * cp * pp * dp != par.gpus:
+        raise ValueError(f"parallel.gpus: {par.gpus} but tp x cp x pp x dp = {tp} x {cp} x {pp} x {dp}"
+                         f" = {tp * cp * pp * dp} (pp is training.devices)")
+    if m.experts is None:
+        if ep > 1 or par.etp not in (None, tp):
+            raise ValueError("parallel.ep: expert parallelism needs a MoE model (model.experts)")
+        return
+    if m.experts % ep:
+        raise ValueError(f"parallel.ep: {ep} does not divide model.experts ({m.experts})")
+    if (tp * cp * dp) % (ep * par.expert_tp):
+        raise ValueError(f"parallel.ep: ep x etp = {ep} x {par.expert_tp} does not divide the GPUs of a"
+                         f" stage, tp x cp x dp = {tp * cp * dp} (experts fold onto them)")
+
+
+
+def _preset(value: Any, presets: dict[str, BaseModel]) -> Any:
+    """A preset name, or a dict with an optional `preset` whose fields it overrides."""
+    if isinstance(value, str):
+        if value not in presets:
+            raise ValueError(f"unknown preset {value!r}; presets: {', '.join(presets)}")
+        return presets[value]
+    if isinstance(value, dict) and "preset" in value:
+        name = value["preset"]
+        if name not in presets:
+            raise ValueError(f"preset: unknown {name!r}; presets: {', '.join(presets)}")
+        rest = {k: v for k, v in value.items() if k != "preset"}
+        return {**presets[name].model_dump(), **rest}
+    return value
 
 
 def is_problem_document(doc: Any) -> bool:
@@ -313,10 +534,13 @@ def spec_from_document(doc: dict) -> Spec:
 
 
 __all__ = [
+    "CLUSTERS",
     "HARDWARE",
+    "Cluster",
     "Hardware",
     "LayerGroup",
     "ModelSpec",
+    "Parallel",
     "Spec",
     "Training",
     "check_spec_size",

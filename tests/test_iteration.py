@@ -4,11 +4,17 @@ reported by every plan made from a spec (a peer's too)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pipeplan.planner.baselines import run_baseline
 from pipeplan.planner.contract import Device, Problem, Stage, Workload
+from pipeplan.planner.documents import problem_from_document
 from pipeplan.planner.iteration import iteration_end
 from pipeplan.planner.validator import validate_plan
+from typer.testing import CliRunner
+
+from pipeplan.cli import app
 
 
 def two_stage(reduce: tuple[float, float] | None, optimizer: tuple[float, float] | None = None,
@@ -77,3 +83,20 @@ def test_new_fields_enter_the_key_only_when_set():
     base = two_stage(None).canonical_json()
     assert "reduce_ms" not in base and "optimizer_ms" not in base and "workload" not in base
     assert two_stage((1.0, 1.0)).key() != two_stage(None).key()
+
+
+def test_a_peer_plan_from_a_spec_reports_the_iteration(tmp_path):
+    spec = {"model": {"layers": 8, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 2048},
+            "hardware": "H100-80GB", "precision": "bf16", "parallel": {"tp": 2, "gpus": 32},
+            "training": {"devices": 4, "microbatches": 8}}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(app, ["baseline", "1f1b", str(path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(out.read_text())
+    problem = problem_from_document(spec)
+    assert plan["iteration_ms"] > plan["makespan_ms"] > 0
+    assert plan["tokens_per_s_per_gpu"] == pytest.approx(
+        problem.workload.tokens / (plan["iteration_ms"] / 1e3) / 32)
+    assert 0 < plan["mfu"] < 1
