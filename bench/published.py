@@ -4,6 +4,7 @@ the same configuration.
 
     .venv/bin/python bench/published.py                 # the table (about a minute)
     .venv/bin/python bench/published.py --only titan    # rows whose id contains "titan"
+    .venv/bin/python bench/published.py --compact       # fewer columns, no pipeplan plan (seconds)
     .venv/bin/python bench/published.py --fit           # refit the calibrated figures (minutes)
 
 Each run (bench/published_runs.py) becomes a spec with its own layout, precision, batch and framework
@@ -16,13 +17,16 @@ these pipelines have up to 33k ops) on the same problem limited to the HBM, B an
 Calibration (docs/costmodel.md): four figures, each fitted on the one run named in the table's
 "role" column so that the prediction meets the measurement; every other row is a check. The fitted
 values live in planner/spec.py (H100_EFFICIENCY, CLUSTER_EFFICIENCY) and bench/published_runs.py
-(GRAND_TETON_CLOCK); --fit recomputes them from the presets' starting point and prints them.
+(GRAND_TETON); --fit recomputes them from the presets' starting point and prints them. "gap" is a
+plan's pipeline makespan against the proven lower bound (planner.bounds), for the run's schedule and
+for pipeplan's.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import statistics
 import sys
 import time
@@ -38,7 +42,7 @@ from pipeplan.planner.contract import Plan
 from pipeplan.planner.documents import problem_from_document
 from pipeplan.planner.spec import CLUSTERS, HARDWARE, Spec
 
-from bench.published_runs import FIGURES, GRAND_TETON, RUNS, SCHEDULE_PAIR, SOURCES, Run, find
+from bench.published_runs import FIGURES, GRAND_TETON, RUNS, SCHEDULE_PAIR, SOURCES, Run
 
 GIB = 1024.0
 
@@ -51,6 +55,7 @@ class Prediction:
     hbm_gib: float
     iteration_ms: float
     pipeline_ms: float
+    gap: float  # the run's schedule: its pipeline's distance to the proven lower bound
     best: Plan | None = None
     best_note: str = ""
     seconds: float = 0.0
@@ -74,13 +79,13 @@ def predict(run: Run, hardware: dict[str, Any] | None = None, cluster: dict[str,
     plan = run_baseline(problem, run.schedule)
     hbm = Spec.model_validate(doc).hardware.hbm_gib
     out = Prediction(run, plan.tokens_per_s_per_gpu, max(plan.peak_memory_mib) / GIB, hbm,
-                     plan.iteration_ms, plan.makespan_ms)
+                     plan.iteration_ms, plan.makespan_ms, plan.gap)
     if best:
         doc["training"]["memory_budget_gib"] = None  # the GPU's HBM
         limited = problem_from_document(doc)
         try:
             out.best = best_heuristic(limited)
-            out.best_note = out.best.method.split(" ")[0]
+            out.best_note = re.match(r"[^ (]+(\([^)]*\))?", out.best.method).group(0)
         except MemoryInfeasibleError as exc:
             out.best_note = f"does not fit: {str(exc)[:60]}"
     out.seconds = time.monotonic() - start
@@ -144,7 +149,7 @@ def row(p: Prediction) -> str:
         best = f"{p.best_note}: {p.best.tokens_per_s_per_gpu:,.0f} ({gain:+.1%}, gap {p.best.gap:.1%})"
     else:
         best = p.best_note or "-"
-    sched = "interleaved" if r.vp > 1 else "1F1B"
+    sched = ("interleaved" if r.vp > 1 else "1F1B") + f" (gap {p.gap:.1%})"
     return (f"| {r.id} | {r.model['name']}, {r.gpus}x H100, {r.precision.upper()}, {r.layout}, "
             f"MBS {r.mbs}, GBS {r.gbs}, seq {r.seq} | {r.measured:,.0f} | {p.tokens:,.0f} | {p.error:+.1%} | "
             f"{mem} | {sched} | {best} | {role} | {r.source}: {r.where} |")
@@ -157,7 +162,7 @@ def summary(preds: list[Prediction]) -> list[str]:
         errs = [abs(p.error) for p in checks]
         worst = max(checks, key=lambda p: abs(p.error))
         lines.append(f"Checks (rows not used for calibration): {len(checks)}; median |error| "
-                     f"{statistics.median(errs):.1%}; largest {abs(worst.error):.1%} ({worst.run.id}); within"
+                     f"{statistics.median(errs):.2%}; largest {abs(worst.error):.1%} ({worst.run.id}); within"
                      f" 25%: {sum(e <= 0.25 for e in errs)} of {len(errs)}.")
     by_family: dict[str, list[float]] = {}
     for p in checks:
@@ -176,9 +181,17 @@ def summary(preds: list[Prediction]) -> list[str]:
     return lines
 
 
-HEADER = ("| run | configuration | measured tok/s/GPU | predicted | error | peak GiB / HBM | schedule run |"
+HEADER = ("| run | configuration | measured tok/s/GPU | predicted | error | peak GiB / HBM | schedule run (gap) |"
           " pipeplan best (fast heuristics): tok/s/GPU | role | source |\n"
           "|---|---|---:|---:|---:|---:|---|---|---|---|")
+COMPACT = ("| run | measured tok/s/GPU | predicted | error | peak GiB / HBM | role |\n"
+           "|---|---:|---:|---:|---:|---|")
+
+
+def compact_row(p: Prediction) -> str:
+    mem = f"{p.peak_gib:.0f} / {p.hbm_gib:.0f}" + ("" if p.fits else " **over**")
+    return (f"| {p.run.id} | {p.run.measured:,.0f} | {p.tokens:,.0f} | {p.error:+.1%} | {mem} |"
+            f" {p.run.calibrates or 'check'} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="rows whose id contains this")
     ap.add_argument("--fit", action="store_true", help="refit the calibrated figures and print them")
     ap.add_argument("--no-best", action="store_true", help="skip pipeplan's own plan (faster)")
+    ap.add_argument("--compact", action="store_true", help="fewer columns, no pipeplan plan (the README's)")
     args = ap.parse_args(argv)
     if args.fit:
         fig = fit()
@@ -193,15 +207,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runs = [r for r in RUNS if not args.only or args.only in r.id]
     if not runs:
-        print(f"--only {args.only}: no run matches; runs: {', '.join(find.__defaults__ or ()) or ''}"
-              f"{', '.join(r.id for r in RUNS)}", file=sys.stderr)
+        print(f"--only {args.only}: no run matches; runs: {', '.join(r.id for r in RUNS)}", file=sys.stderr)
         return 2
-    print(HEADER)
+    print(COMPACT if args.compact else HEADER)
     preds = []
     for run in runs:
-        p = predict(run, best=not args.no_best)
+        p = predict(run, best=not (args.no_best or args.compact))
         preds.append(p)
-        print(row(p), flush=True)
+        print(compact_row(p) if args.compact else row(p), flush=True)
     print()
     for line in summary(preds):
         print(line)

@@ -59,6 +59,16 @@ microbatch; bytes for 16-bit activations unless noted):
 * Offload/reload time = offloaded bytes / host-link bandwidth (PCIe); the link time between stages =
   latency + boundary activation bytes (2·b·s·h) / inter-stage bandwidth. Recompute re-runs the
   forward (recompute_ms = forward_ms) keeping only the stage input (checkpoint = 2·b·s·h bytes).
+
+A spec that describes the whole job (`parallel`, `precision`, `cluster`; docs/costmodel.md) is costed
+per GPU, following Megatron-LM's decomposition: FLOPs and weights over tp (experts over ep x etp),
+activations per Korthikanti et al. 2022 Table 2 with or without sequence parallelism, sequence terms
+over cp, static memory with the optimizer sharded over dp x cp (experts over edp); TP collectives,
+the CP ring and expert all-to-alls add what their overlap leaves on the compute stream
+(planner/layout.py times them); each stage gets its gradient reduction, each device its optimizer
+step, the problem its workload. With `precision` the time is the calibrated estimate: matmuls at
+fitted fractions of the FP8 / 16-bit peaks, attention on the scores a causal kernel computes.
+Without those fields every number is the original estimate above, so old specs keep their keys.
 """
 
 from __future__ import annotations
@@ -399,7 +409,7 @@ def layer_costs(spec: Spec) -> list[LayerCost]:
                 fwd, bi, bw, core_ms = (x / (layout.tp * layout.cp) for x in (fwd, bi, bw, core_ms))
         else:
             fwd, bi, bw = _pass_times(p, spec, layout, attending)
-            core_ms = (bi - fwd)
+            core_ms = bi - fwd
         act, wg = p.act, p.wgrad
         transient = 0.0
         if layout is not None:
@@ -414,7 +424,7 @@ def layer_costs(spec: Spec) -> list[LayerCost]:
             block += 1
         act = g.activation_mib * MIB if g.activation_mib is not None else act
         wg = g.weight_grad_mib * MIB if g.weight_grad_mib is not None else wg
-        causal = _attended(model, attending) if attending is not None else 1.0
+        attended = _attended(model, attending) if attending is not None else 1.0
         out.append(LayerCost(
             type=g.type,
             forward_ms=g.forward_ms if g.forward_ms is not None else fwd,
@@ -425,7 +435,7 @@ def layer_costs(spec: Spec) -> list[LayerCost]:
             params=g.params if g.params is not None else p.params,
             static_bytes=0.0,
             flops=p.linear_flops + p.core_flops,
-            model_flops=p.linear_flops + p.core_flops * causal,
+            model_flops=p.linear_flops + p.core_flops * attended,
             expert_params=p.expert_params,
             transient_bytes=transient,
         ))

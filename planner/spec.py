@@ -459,7 +459,6 @@ def _check_parallel(spec: Spec) -> None:
                          f" stage, tp x cp x dp = {tp * cp * dp} (experts fold onto them)")
 
 
-
 def _preset(value: Any, presets: dict[str, BaseModel]) -> Any:
     """A preset name, or a dict with an optional `preset` whose fields it overrides."""
     if isinstance(value, str):
