@@ -83,7 +83,7 @@ def test_narayanan_and_korthikanti_formulas_exactly():
 
 
 def test_balanced_counts_embedding_and_head():
-    doc = json.loads((SPECS / "gemma_like_8xh100.json").read_text())
+    doc = json.loads((SPECS / "gemma_like_64xh100.json").read_text())
     doc["partition"] = "uniform"
     uni = problem_from_document(doc)
     doc["partition"] = "balanced"

@@ -25,7 +25,7 @@ VARIANT, TREATMENT = "mem,fill,late,tight", "offload, crowded recompute"
 
 @pytest.fixture(scope="module")
 def llama_v_half() -> Problem:
-    [row] = [r for r in rows_of(find("llama3-8b-p8-v")) if r.share == 0.5]
+    [row] = [r for r in rows_of(replace(find("llama3-8b-p8-v"), one_gpu_per_stage=True)) if r.share == 0.5]
     return row.problem()
 
 
