@@ -24,7 +24,7 @@ from typing import Any
 
 SOURCES = {
     "mbridge": "NVIDIA Megatron-Bridge, docs/performance-summary-archive.md (github.com/NVIDIA-NeMo/"
-               "Megatron-Bridge, commit 0a25f911), DGX-H100 rows; recipes: scripts/performance/configs"
+               "Megatron-Bridge, commit 4ab94dfa, 2026-08-11), DGX-H100 rows; recipes: scripts/performance/configs"
                " at tag v0.2.0 (container 25.11)",
     "nemo2407": "NVIDIA NeMo, docs/source/performance/performance_summary.md at commit 8e3d65dc (2024-09-09,"
                 " its last version; container NeMo 24.07, DGX-H100, FP8); recipes: NeMo-Framework-Launcher"
