@@ -24,7 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeplan.planner import baselines
 from pipeplan.planner.adaptive import plan_adaptive
-from pipeplan.planner.costmodel import Spec, build_problem, layer_costs, uniform_partition
+from pipeplan.planner.costmodel import build_problem, layer_costs
+from pipeplan.planner.partition import uniform_partition
+from pipeplan.planner.spec import Spec
 
 MODELS: dict[str, dict] = {
     # Gemma-2-9B-like: 256k vocabulary, tied embeddings; the LM head costs about 4 blocks.
@@ -54,7 +56,7 @@ def spec_for(model: dict, devices: int, budget_gib: float | None = None) -> Spec
 
 
 def uniform_problem(spec: Spec, placement: str):
-    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    costs = layer_costs(spec)
     return build_problem(spec, uniform_partition([c.type for c in costs], 2 * spec.training.devices),
                          placement, 2, costs)
 

@@ -3,13 +3,15 @@ cases (model x devices x placement x budget) the benchmark solves.
 
 Why data and not JSON files: a case is a model plus a few training overrides, and the budgets are
 derived from 1F1B's peak at run time (bench/models.py), so one table here reads better than 30 files.
-Every architecture names its public source. Numbers the cost model does not express (MLA attention,
-sliding windows, logit soft-capping) are left out; the rest follows the model card / config.
+Every architecture names its public source. Numbers the cost model does not express (logit
+soft-capping) are left out; the rest follows the model card / config.
 
-Memory: Adam in mixed precision, 16 bytes per parameter (the spec default, as in examples/specs/); the
-models too big for that (Mixtral, Llama-3-70B) shard the optimizer state with ZeRO-1 over
-`dp_shards` = 8 data-parallel replicas (Megatron's distributed optimizer): params x (4 + 12/8) bytes.
-The issue's reported cases keep the settings they were reported with (dp_shards 1, except 70B).
+Layout: each case runs the way such models are trained on DGX nodes (Megatron-LM's conventions,
+docs/costmodel.md): one pipeline stage per 8-GPU node, tensor parallelism inside it (tp by model
+size: 1 up to 9B, 2 for 13-14B, 4 for 70B, 8 for 405B; experts over the node's GPUs), the rest of
+the node data parallel, pipeline stages across nodes over InfiniBand; the 405B case spans 8 nodes
+per stage (data parallel 8), as its published runs do. Megatron's distributed optimizer, gradients
+in fp32, BF16 (the 405B in FP8, as it is trained on H100). Stage costs are per GPU.
 """
 
 from __future__ import annotations
@@ -42,13 +44,17 @@ GEMMA2_9B = {"name": "Gemma-2-9B-like", "layers": 42, "hidden": 3584, "ffn": 143
 # Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", Table 1): 8 experts, top-2, 32k vocabulary.
 MIXTRAL_8X7B = {"name": "Mixtral-8x7B-like", "layers": 32, "hidden": 4096, "ffn": 14336, "heads": 32,
                 "kv_heads": 8, "vocab": 32000, "seq_len": 4096, "experts": 8, "top_k": 2}
+# Llama 3.1 405B ("The Llama 3 Herd of Models", Table 3): 126 layers, 8 KV heads.
+LLAMA31_405B = {"name": "Llama-3.1-405B", "layers": 126, "hidden": 16384, "ffn": 53248, "heads": 128,
+                "kv_heads": 8, "vocab": 128256, "seq_len": 8192}
 # A small DeepSeek-V3-style MoE: DeepSeek-V2-Lite's sizes (DeepSeek-AI 2024, "DeepSeek-V2", Appendix:
-# 27 layers, 64 routed experts top-6, 2 shared, expert FFN 1408, first layer dense) with DeepSeek-V3's
-# multi-token-prediction head (DeepSeek-V3 technical report §2.2). MLA is modelled as MHA.
+# 27 layers, 64 routed experts top-6, 2 shared, expert FFN 1408, first layer dense, MLA with a
+# 512-rank key/value latent, no query compression) with DeepSeek-V3's multi-token-prediction head
+# (DeepSeek-V3 technical report §2.2).
 DEEPSEEK_SMALL_MTP = {"name": "DeepSeek-V3-like small MoE + MTP", "layers": 27, "hidden": 2048,
-                      "ffn": 10944, "heads": 16, "kv_heads": 16, "head_dim": 128, "vocab": 102400,
-                      "seq_len": 4096, "experts": 64, "top_k": 6, "moe_ffn": 1408, "shared_experts": 2,
-                      "first_dense_layers": 1, "mtp_heads": 1}
+                      "ffn": 10944, "heads": 16, "vocab": 102400, "seq_len": 4096, "experts": 64, "top_k": 6,
+                      "moe_ffn": 1408, "shared_experts": 2, "first_dense_layers": 1, "mtp_heads": 1,
+                      "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 # Nemotron-H-8B (NVIDIA 2025, "Nemotron-H", Table 1 and its hybrid override pattern): Mamba-2,
 # attention and squared-ReLU MLP blocks (not gated), 131k vocabulary.
 NEMOTRON_H_8B = {"name": "Nemotron-H-8B-like hybrid", "hidden": 4096, "ffn": 21504, "heads": 32,
@@ -66,11 +72,15 @@ class Case:
 
     name: str
     model: dict[str, Any]
-    devices: int
+    devices: int  # pipeline stages' devices (PP)
     placement: str = "loop"  # loop | v (V always has 2 chunks)
     chunks: int = 1
-    dp_shards: int = 1
+    tp: int = 1
+    ep: int = 1
+    stage_gpus: int = 8  # GPUs per pipeline stage: tp x dp (one DGX node)
+    precision: str = "bf16"
     hardware: str = "H100-80GB"
+    one_gpu_per_stage: bool = False  # the suite before its layouts: no parallel block, original estimate
     partition: str = "balanced"
     budget_gib: float | list[float] | None = None
     offload: bool | None = None  # None: only where the budget is below 1F1B's peak
@@ -85,12 +95,17 @@ class Case:
         """The spec document (no memory budget: bench/models.py sets the limits on the problem)."""
         placement = placement or self.placement
         chunks = chunks or (2 if placement == "v" else self.chunks)
+        job = {} if self.one_gpu_per_stage else {
+            "precision": self.precision,
+            "parallel": {"tp": self.tp, "ep": self.ep, "etp": 1 if self.ep > 1 else None,
+                         "gpus": self.stage_gpus * self.devices}}
         return {
             "format": "pipeplan.spec/v1",
             "model": {"micro_batch_size": 1, "dtype": "bf16", **self.model},
             "hardware": self.hardware,
+            **job,
             "training": {"devices": self.devices, "microbatches": self.microbatches, "placement": placement,
-                         "chunks": chunks, "dp_shards": self.dp_shards},
+                         "chunks": chunks},
             "partition": self.partition,
         }
 
@@ -98,32 +113,32 @@ class Case:
 SUITE: list[Case] = [
     # dense, MHA, 32k vocabulary
     Case("llama2-7b-p8", LLAMA2_7B, 8, quick=True),
-    Case("llama2-13b-p16", LLAMA2_13B, 16),
-    Case("llama2-13b-p16-24gib", LLAMA2_13B, 16, budget_gib=24.0, offload=True,
-         note="issue: greedy 5126 ms against the bound 4749 ms"),
+    Case("llama2-13b-p16", LLAMA2_13B, 16, tp=2),
+    Case("llama2-13b-p16-12gib", LLAMA2_13B, 16, tp=2, budget_gib=12.0, offload=True,
+         note="the issue's tight 13B budget (24 GiB at one GPU per stage), scaled to its TP-2 stages"),
     # dense, GQA, 128k vocabulary
     Case("llama3-8b-p8-v", LLAMA3_8B, 8, placement="v"),
-    Case("llama3-70b-p16-72gib", LLAMA3_70B, 16, dp_shards=8, budget_gib=72.0, offload=True,
-         note="issue: 4.0% gap"),
-    # 4k sequences (Llama 2's context) keep 1F1B's peak near the HBM; it still exceeds it
-    Case("llama3-70b-p32", {**LLAMA3_70B, "seq_len": 4096}, 32, dp_shards=8),
+    Case("llama3-70b-tp4-p8", LLAMA3_70B, 8, tp=4),
+    Case("llama3-70b-tp4-p16-40gib", LLAMA3_70B, 16, tp=4, budget_gib=40.0, offload=True,
+         note="a tight budget on the 70B (the issue's 72-GiB case was one GPU per stage)"),
+    Case("llama3.1-405b-tp8-p16", LLAMA31_405B, 16, tp=8, stage_gpus=64, precision="fp8"),
     # dense, GQA, 152k vocabulary (tied for the small one)
     Case("qwen2.5-3b-p8-tied", QWEN25_3B, 8, quick=True),
     Case("qwen2.5-7b-p8-loop2", QWEN25_7B, 8, chunks=2),
-    Case("qwen2.5-14b-p16-v", QWEN25_14B, 16, placement="v"),
+    Case("qwen2.5-14b-p16-v", QWEN25_14B, 16, tp=2, placement="v"),
     # 256k vocabulary, tied
     Case("gemma2-9b-p8-v", GEMMA2_9B, 8, placement="v"),
-    Case("gemma2-9b-p8-v-40gib", GEMMA2_9B, 8, placement="v", budget_gib=40.0, offload=True,
-         note="issue: 4832 ms against the bound 2851 ms"),
-    # MoE
-    Case("mixtral-8x7b-p16", MIXTRAL_8X7B, 16, dp_shards=8),
-    Case("deepseek-small-mtp-p8-v", DEEPSEEK_SMALL_MTP, 8, placement="v"),
+    Case("gemma2-9b-p8-v-26gib", GEMMA2_9B, 8, placement="v", budget_gib=26.0, offload=True,
+         note="the issue's tight Gemma budget (40 GiB at one GPU per stage), scaled to its 1F1B peak"),
+    # MoE: experts over the node's 8 GPUs
+    Case("mixtral-8x7b-p16", MIXTRAL_8X7B, 16, ep=8),
+    Case("deepseek-small-mtp-p8-v", DEEPSEEK_SMALL_MTP, 8, placement="v", ep=8),
     # Mamba hybrid
     Case("nemotron-h-8b-p16-loop2", NEMOTRON_H_8B, 16, chunks=2),
     Case("nemotron-h-8b-p32", NEMOTRON_H_8B, 32),
     # uneven clusters: one budget per device
     Case("llama3-8b-p8-mixed-40-26", LLAMA3_8B, 8, budget_gib=[40.0] * 4 + [26.0] * 4, offload=True,
-         note="issue: 20% gap"),
+         note="issue: 20% gap (reported at one GPU per stage)"),
     # the first two devices (1F1B's most in-flight microbatches) short of memory, the rest roomy
     Case("qwen2.5-7b-p8-mixed-20-36", QWEN25_7B, 8, budget_gib=[20.0] * 2 + [36.0] * 6, offload=True),
 ]

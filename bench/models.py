@@ -6,6 +6,7 @@ against ours; prints a Markdown table.
     .venv/bin/python bench/models.py --quick                        # small cases, 2 s / 5 s
     .venv/bin/python bench/models.py --only llama2-13b --limits 10,60
     .venv/bin/python bench/models.py --list                         # row ids, for --only chunks
+    .venv/bin/python bench/models.py --condense models.md           # the README's view of a table
 
 Budgets: 1F1B's peak is measured (the simulator's peak of run_baseline(problem, "1f1b")) on the same
 model and devices in loop placement with one stage per device -- for V and interleaved cases too,
@@ -34,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeplan.planner.baselines import NAMES, DoesNotFit, NotApplicable, best_heuristic, run_baseline
 from pipeplan.planner.bounds import MemoryInfeasibleError, check_memory_feasible
 from pipeplan.planner.contract import Plan, Problem
-from pipeplan.planner.costmodel import HARDWARE
 from pipeplan.planner.documents import problem_from_document
+from pipeplan.planner.spec import HARDWARE
 
 from bench.common import best_by, run_forked
 from bench.model_suite import BUDGET_SHARES, SUITE, Case
@@ -232,7 +233,12 @@ def main(argv: list[str] | None = None) -> int:
                     "rows already in it skipped")
     ap.add_argument("--jobs", type=int, default=1, help="rows at once (default 1: the solver uses the cores)")
     ap.add_argument("--list", action="store_true", help="print the row ids and exit")
+    ap.add_argument("--condense", type=Path, default=None, metavar="TABLE",
+                    help="print the condensed view (fastest fitting peer only) of a table --out wrote")
     args = ap.parse_args(argv)
+    if args.condense:
+        print(condense(args.condense.read_text()))
+        return 0
     limits = sorted(float(x) for x in (args.limits or ("2,5" if args.quick else "10,60")).split(","))
     rows = list(select_rows(args.quick, args.only))
     if args.list:
@@ -250,6 +256,26 @@ def main(argv: list[str] | None = None) -> int:
     run_all(todo, limits, args.jobs, args.out)
     print(f"\n{legend(limits)}", flush=True)
     return 0
+
+
+def condense(table: str) -> str:
+    """The README's view of a full table: each row's fastest peer that fits (by name), then ours."""
+    lines = [line for line in table.splitlines() if line.startswith("| ")]  # header and rows
+    cols = [c.strip() for c in lines[0].strip("|").split("|")]
+    first_peer, ours = cols.index(NAMES[0]), cols.index("ours: first plan")
+    out = ["| case | budget | fastest fitting peer | " + " | ".join(cols[ours:]) + " |",
+           "|" + "---|" * (3 + len(cols) - ours)]
+    for line in lines[1:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        head = cells[first_peer]
+        if head.startswith(("infeasible", "error")):
+            out.append(f"| {cells[0]} | {cells[4]} | {head} |" + " |" * (len(cols) - ours))
+            continue
+        fitting = [(float(v.replace(",", "")), n) for n, v in zip(cols[first_peer:ours], cells[first_peer:ours])
+                   if n not in OURS and v.replace(",", "").replace(".", "").isdigit()]
+        peer = f"{min(fitting)[1]} {min(fitting)[0]:,.0f}" if fitting else "none fits"
+        out.append(f"| {cells[0]} | {cells[4]} | {peer} | " + " | ".join(cells[ours:]) + " |")
+    return "\n".join(out)
 
 
 def run_all(rows: list[Row], limits: list[float], jobs: int, out: Path | None) -> None:

@@ -28,17 +28,10 @@ from typing import Any
 
 from .bounds import MemoryInfeasibleError, check_memory_feasible
 from .contract import Plan, Problem
-from .costmodel import (
-    LayerCost,
-    Spec,
-    balanced_partition,
-    build_problem,
-    layer_costs,
-    stage_device,
-    static_bytes_per_param,
-    uniform_partition,
-)
+from .costmodel import LayerCost, build_problem, layer_costs
 from .ops import COMPUTE_KINDS, Kind
+from .partition import Proxy, partitions_for, uniform_partition
+from .spec import Spec
 
 # Schedules tried per placement (the heuristics say NotApplicable for the others anyway; listing
 # them saves the time of asking). Cheapest first.
@@ -96,200 +89,6 @@ class AdaptiveResult:
 
     def table(self) -> str:
         return format_table(self.candidates, self.best)
-
-
-# --------------------------------------------------------------------------------------------------
-# Partitions
-# --------------------------------------------------------------------------------------------------
-def _inflight(stage: int, spec: Spec, placement: str, chunks: int) -> float:
-    """Microbatches whose activation a stage holds at its peak under the usual schedules: 1F1B/ZB-H1:
-    S - k; interleaved 1F1B: Megatron's warm-up (P-d-1)·2 + (c-1)·P + 1 forward chunks over the c
-    stages of device d; ZB-V: about P per stage (its peak equals 1F1B's)."""
-    p, m = spec.training.devices, spec.training.microbatches
-    s = p * chunks
-    if chunks == 1:
-        return min(m, s - stage)
-    if placement == "v":
-        return min(m, p)
-    d = stage_device(stage, p, placement)
-    return min(m, ((p - d - 1) * 2 + (chunks - 1) * p + 1) / chunks)
-
-
-class _MemoryModel:
-    """Estimated peak memory of each device for a partition: static (parameters x bytes/param) plus
-    each stage's activation times its in-flight microbatches (only the checkpointed stage input for
-    all but one when offload/recompute are allowed). A pre-filter; the heuristics check the truth."""
-
-    def __init__(self, spec: Spec, costs: list[LayerCost], placement: str, chunks: int):
-        t, p = spec.training, spec.training.devices
-        self.placement, self.chunks, self.p = placement, chunks, p
-        self.bpp = static_bytes_per_param(t)
-        budgets = t.memory_budget_gib if isinstance(t.memory_budget_gib, list) else [t.memory_budget_gib] * p
-        self.limit = [((b if b is not None else spec.hardware.hbm_gib) - t.reserved_gib) * 2.0**30
-                      for b in budgets]
-        self.reduce = t.offload or t.recompute
-        self.boundary = spec.model.micro_batch_size * spec.model.seq_len * spec.model.hidden * 2
-        self.held = [_inflight(k, spec, placement, chunks) for k in range(p * chunks)]
-        self.params = _prefix([c.params for c in costs])
-        self.act = _prefix([c.activation_bytes for c in costs])
-
-    def stage(self, k: int, lo: int, hi: int) -> float:
-        act = self.act[hi] - self.act[lo]
-        extra = (min(self.boundary, act) if self.reduce else act) * max(0.0, self.held[k] - 1)
-        return (self.params[hi] - self.params[lo]) * self.bpp + act + extra
-
-    def excess(self, ranges: list[list[int]]) -> float:
-        used = [0.0] * self.p
-        for k, (lo, hi) in enumerate(ranges):
-            used[stage_device(k, self.p, self.placement)] += self.stage(k, lo, hi)
-        return sum(max(0.0, u - lim) for u, lim in zip(used, self.limit))
-
-
-def _prefix(values: list[float]) -> list[float]:
-    out = [0.0]
-    for v in values:
-        out.append(out[-1] + v)
-    return out
-
-
-def bottleneck_partition(spec: Spec, costs: list[LayerCost], placement: str, chunks: int,
-                         memory_aware: bool = True) -> list[list[int]] | None:
-    """Contiguous split minimising the largest stage F+B+W time such that (when memory_aware) each
-    device's estimated static + peak activation memory stays under its limit.
-
-    Binary search on the bottleneck T; feasibility of T by a greedy pass that fills stage after stage
-    as far as T and the device's memory allow (the classic min-max partition check, exact for time
-    alone). Returns None when no T fits the memory estimate."""
-    p = spec.training.devices
-    n, stages = len(costs), p * chunks
-    w = [c.total_ms for c in costs]
-    mem = _MemoryModel(spec, costs, placement, chunks)
-
-    def greedy(bound: float) -> list[list[int]] | None:
-        used = [0.0] * p
-        ranges, i = [], 0
-        for k in range(stages):
-            d = stage_device(k, p, placement)
-            last_allowed = n - (stages - k - 1)
-            j, total = i, 0.0
-            while j < last_allowed:
-                nt = total + w[j]
-                if nt > bound + 1e-9 or (memory_aware and used[d] + mem.stage(k, i, j + 1) > mem.limit[d]):
-                    break
-                total, j = nt, j + 1
-            if j == i or (k == stages - 1 and j < n):
-                return None
-            used[d] += mem.stage(k, i, j)
-            ranges.append([i, j])
-            i = j
-        return ranges
-
-    lo, hi = max(w), sum(w)
-    if greedy(hi) is None:
-        return None
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if greedy(mid) is None:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-6 * hi:
-            break
-    return greedy(hi)
-
-
-class Proxy:
-    """Analytic pipeline time of a partition, to rank partitions before simulating any.
-
-    (memory excess MiB, M x max device load + fill, sum of squared device loads): the steady state of
-    any 1F1B-like schedule is M times the busiest device's F+B+W per microbatch; the fill is about one
-    microbatch's F+B chain x (P-1)/(P·chunks) (interleaving and V shrink it by the chunks); memory
-    (the _MemoryModel estimate) is a hard constraint, hence first."""
-
-    def __init__(self, spec: Spec, costs: list[LayerCost], placement: str, chunks: int):
-        self.p, self.m, self.n = spec.training.devices, spec.training.microbatches, len(costs)
-        self.tot = _prefix([c.total_ms for c in costs])
-        chain = sum(c.forward_ms + c.backward_input_ms for c in costs)
-        self.fill = chain * (self.p - 1) / (self.p * chunks)
-        self.mem = _MemoryModel(spec, costs, placement, chunks)
-        self.dev = [stage_device(k, self.p, placement) for k in range(self.p * chunks)]
-
-    def loads(self, cuts: list[int]) -> list[float]:
-        load = [0.0] * self.p
-        for k, (a, b) in enumerate(zip([0] + cuts, cuts + [self.n])):
-            load[self.dev[k]] += self.tot[b] - self.tot[a]
-        return load
-
-    def score_cuts(self, cuts: list[int]) -> tuple[float, float, float]:
-        load = self.loads(cuts)
-        ranges = [[a, b] for a, b in zip([0] + cuts, cuts + [self.n])]
-        return (round(self.mem.excess(ranges) / 2**20, 3), self.m * max(load) + self.fill,
-                sum(x * x for x in load))
-
-    def score(self, ranges: list[list[int]]) -> tuple[float, float, float]:
-        return self.score_cuts([r[1] for r in ranges[:-1]])
-
-
-def device_balanced_partition(spec: Spec, costs: list[LayerCost], placement: str, chunks: int,
-                              start: list[list[int]], max_rounds: int = 2000) -> list[list[int]]:
-    """Local moves of layer boundaries minimising the analytic `Proxy` from `start`.
-
-    With several stages per device the bottleneck is a device's *sum* of stages (a heavy LM-head stage
-    should share its device with a light stage), which a per-stage min-max cannot see. Steepest
-    descent over boundary moves; pure arithmetic, so thousands of moves cost milliseconds."""
-    proxy = Proxy(spec, costs, placement, chunks)
-    p, n, dev = proxy.p, proxy.n, proxy.dev
-    score, loads = proxy.score_cuts, proxy.loads
-
-    def neighbours(cuts: list[int]):
-        """Every boundary +-1, and moving one layer from a stage of the busiest device to any other
-        stage (the stages between keep their sizes and slide by one layer)."""
-        bounds = [0] + cuts + [n]
-        for i in range(len(cuts)):
-            for delta in (-1, 1):
-                c = cuts[i] + delta
-                if bounds[i] < c < bounds[i + 2]:
-                    yield cuts[:i] + [c] + cuts[i + 1:]
-        load = loads(cuts)
-        hot = max(range(p), key=load.__getitem__)
-        for k in (k for k in range(len(dev)) if dev[k] == hot and bounds[k + 1] - bounds[k] >= 2):
-            for t in range(len(dev)):
-                if t < k:  # stage t grows at its end, stages t+1..k slide right
-                    yield [c + 1 if t <= i < k else c for i, c in enumerate(cuts)]
-                elif t > k:  # stage t grows at its start, stages k+1..t-1 slide left
-                    yield [c - 1 if k <= i < t else c for i, c in enumerate(cuts)]
-
-    cuts = [r[1] for r in start[:-1]]
-    best = score(cuts)
-    for _ in range(max_rounds):
-        step = None
-        for trial in neighbours(cuts):
-            s = score(trial)
-            if s < best and (step is None or s < step[0]):
-                step = (s, trial)
-        if step is None:
-            break
-        best, cuts = step
-    return [[a, b] for a, b in zip([0] + cuts, cuts + [n])]
-
-
-def partitions_for(spec: Spec, costs: list[LayerCost], placement: str, chunks: int) -> dict[str, list[list[int]]]:
-    """The starting partitions of one placement, by strategy name (duplicates dropped)."""
-    stages = spec.training.devices * chunks
-    out: dict[str, list[list[int]]] = {"uniform": uniform_partition([c.type for c in costs], stages)}
-    out["balanced"] = balanced_partition([c.total_ms for c in costs], stages)
-    mem = bottleneck_partition(spec, costs, placement, chunks)
-    if mem is not None:
-        out["bottleneck"] = mem
-    for name in list(out):  # the device-level refinement of every start
-        out[f"dev-{name}"] = device_balanced_partition(spec, costs, placement, chunks, out[name])
-    seen, unique = set(), {}
-    for name, ranges in out.items():
-        key = tuple(map(tuple, ranges))
-        if key not in seen:
-            seen.add(key)
-            unique[name] = ranges
-    return unique
 
 
 # --------------------------------------------------------------------------------------------------
@@ -455,7 +254,7 @@ def search(spec: Spec | dict, budget_s: float = 5.0,
     spec = _as_spec(spec)
     start = time.monotonic()
     deadline = start + budget_s
-    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    costs = layer_costs(spec)
     evaluated: list[Candidate] = []
 
     def record(cand: Candidate) -> None:

@@ -28,14 +28,15 @@ class Limits(BaseModel):
 
     max_devices: int = 256
     max_microbatches: int = 4096
-    max_stages_per_device: int = 8
+    # Megatron allows as many virtual stages as a device has layers; published runs use up to 24
+    max_stages_per_device: int = 64
     # 4 x stages x microbatches: P=64 M=512, P=32 M=1024, P=256 M=128. The size the service answers a
     # cold POST for within about 3 s on 2 cores (README, results); a first plan's time grows linearly
     # with the ops, so raise it (PIPEPLAN_LIMITS__MAX_OPS) on machines that can afford it.
     max_ops: int = 131_072
     max_duration_ms: float = 1e7
     max_memory_mib: float = 1e9
-    # model specs: checked on the raw document before conversion (costmodel.check_spec_size), so a
+    # model specs: checked on the raw document before conversion (spec.check_spec_size), so a
     # 400-byte spec cannot ask for ten million layers; "auto" partition searches are capped apart
     # because each candidate costs a heuristic run over all ops
     max_layers: int = 4096
@@ -81,10 +82,13 @@ class Stage(BaseModel):
     weight_grad_mib: float = 0.0
     offloadable_mib: float | None = None
     checkpoint_mib: float = 0.0
+    reduce_ms: float | None = Field(
+        default=None, description="Data-parallel gradient reduction of the stage once its last weight"
+        " gradient is done, on its device's reduce lane (None = 0: no data parallelism).")
 
     _finite = field_validator(
         "forward_ms", "backward_input_ms", "backward_weight_ms", "recompute_ms", "offload_ms",
-        "reload_ms", "activation_mib", "weight_grad_mib", "offloadable_mib", "checkpoint_mib",
+        "reload_ms", "activation_mib", "weight_grad_mib", "offloadable_mib", "checkpoint_mib", "reduce_ms",
     )(_finite_non_negative)
 
     @field_validator("forward_ms", "backward_input_ms")
@@ -120,6 +124,7 @@ class Device(BaseModel):
 
     `host_memory_limit_mib` caps the pinned host memory the device's offloads may hold at once
     (None = unlimited): pinned pages are a scarce host resource shared by every rank of a node.
+    `optimizer_ms` is the optimizer step that follows the device's last gradient reduction (None = 0).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -127,8 +132,27 @@ class Device(BaseModel):
     memory_limit_mib: float | None = None
     static_mib: float = 0.0
     host_memory_limit_mib: float | None = None
+    optimizer_ms: float | None = None
 
-    _finite = field_validator("memory_limit_mib", "static_mib", "host_memory_limit_mib")(_finite_non_negative)
+    _finite = field_validator("memory_limit_mib", "static_mib", "host_memory_limit_mib",
+                              "optimizer_ms")(_finite_non_negative)
+
+
+class Workload(BaseModel):
+    """What one iteration computes and on how many GPUs: turns its time into throughput.
+
+    `model_flops` counts the model's F + B + W work of the whole iteration on all GPUs, a causal
+    attention's scores counted half (recomputation not counted); `peak_tflops` is one GPU's dense
+    16-bit peak, the scale MFU is quoted on (FP8 runs included)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: float = Field(gt=0, description="tokens per iteration, all data-parallel replicas")
+    gpus: int = Field(ge=1, description="GPUs the iteration runs on")
+    model_flops: float = Field(gt=0, description="model FLOPs per iteration, all GPUs")
+    peak_tflops: float = Field(gt=0, description="one GPU's dense 16-bit peak, TFLOP/s")
+
+    _finite = field_validator("tokens", "model_flops", "peak_tflops")(_finite_non_negative)
 
 
 MAX_METADATA_DEPTH = 32
@@ -183,6 +207,8 @@ class Problem(BaseModel):
         default_factory=dict,
         description="Free-form provenance (model, partition layer ranges); part of the key.",
     )
+    workload: Workload | None = Field(
+        default=None, description="Tokens, GPUs and FLOPs of one iteration (None: not a whole job).")
 
     _finite = field_validator("p2p_ms")(_finite_non_negative)
 
@@ -252,6 +278,14 @@ class Problem(BaseModel):
         """The devices with a memory limit (the memory-aware bounds and fit checks look only there)."""
         return [d for d in range(self.num_devices) if math.isfinite(self.limit_of(d))]
 
+    def reduce_of(self, stage: int) -> float:
+        """The stage's gradient reduction time (0 without data parallelism)."""
+        return self.stages[stage].reduce_ms or 0.0
+
+    def optimizer_of(self, device: int) -> float:
+        """The device's optimizer step time (0 when the problem gives none)."""
+        return self.devices[device].optimizer_ms or 0.0
+
     def host_limit_of(self, device: int) -> float:
         """Pinned host memory `device`'s offloads may hold at once (inf = unlimited)."""
         limit = self.devices[device].host_memory_limit_mib
@@ -274,14 +308,16 @@ class Problem(BaseModel):
             raise ValueError(f"stages x num_microbatches: up to {ops} ops exceeds the limit {limits.max_ops}")
         for k, s in enumerate(self.stages):
             for name in ("forward_ms", "backward_input_ms", "backward_weight_ms", "recompute_ms",
-                         "offload_ms", "reload_ms"):
-                if getattr(s, name) > limits.max_duration_ms:
+                         "offload_ms", "reload_ms", "reduce_ms"):
+                if (getattr(s, name) or 0.0) > limits.max_duration_ms:
                     raise ValueError(f"stages[{k}].{name} exceeds the limit {limits.max_duration_ms}")
         for d, dev in enumerate(self.devices):
             for name in ("memory_limit_mib", "static_mib", "host_memory_limit_mib"):
                 value = getattr(dev, name)
                 if value is not None and value > limits.max_memory_mib:
                     raise ValueError(f"devices[{d}].{name} exceeds the limit {limits.max_memory_mib}")
+            if (dev.optimizer_ms or 0.0) > limits.max_duration_ms:
+                raise ValueError(f"devices[{d}].optimizer_ms exceeds the limit {limits.max_duration_ms}")
 
     def canonical_json(self) -> str:
         """Canonical form (CONTRACT.md): defaults filled, every number a float, sorted, compact.
@@ -295,7 +331,9 @@ class Problem(BaseModel):
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
 
-ADDED_DEVICE_FIELDS = ("host_memory_limit_mib",)
+ADDED_DEVICE_FIELDS = ("host_memory_limit_mib", "optimizer_ms")
+ADDED_STAGE_FIELDS = ("reduce_ms",)
+ADDED_PROBLEM_FIELDS = ("workload",)
 
 
 def _drop_unset_additions(doc: dict[str, Any]) -> dict[str, Any]:
@@ -304,10 +342,12 @@ def _drop_unset_additions(doc: dict[str, Any]) -> dict[str, Any]:
     Cached plans are keyed by Problem.key(): a problem that does not use a new field must keep the key
     it had before the field existed, or every stored plan would be orphaned.
     """
-    for device in doc.get("devices", []):
-        for name in ADDED_DEVICE_FIELDS:
-            if device.get(name) is None:
-                device.pop(name, None)
+    for items, names in ((doc.get("devices", []), ADDED_DEVICE_FIELDS),
+                         (doc.get("stages", []), ADDED_STAGE_FIELDS), ([doc], ADDED_PROBLEM_FIELDS)):
+        for item in items:
+            for name in names:
+                if item.get(name) is None:
+                    item.pop(name, None)
     return doc
 
 
@@ -371,6 +411,14 @@ class Plan(BaseModel):
         description="Per device: peak pinned host memory, each offload held from its OFFLOAD's start"
                     " to its RELOAD's end.",
     )
+    # The whole iteration (planner/iteration.py). None = not reported (plans stored before these).
+    iteration_ms: float | None = Field(
+        default=None, description="The pipeline plus what follows it: each stage's gradient reduction"
+        " after its last weight gradient, then each device's optimizer step.")
+    tokens_per_s_per_gpu: float | None = Field(
+        default=None, description="Workload tokens per second of iteration_ms, per GPU.")
+    mfu: float | None = Field(
+        default=None, description="Model FLOPs per second of iteration_ms over the GPUs' 16-bit peak.")
 
     @property
     def gap(self) -> float:

@@ -1,9 +1,10 @@
-"""Cost model: a model + hardware + training description (a *spec*) turned into a problem v1.
+"""Cost model: the per-layer formulas that turn a spec (planner.spec) into a problem v1.
 
 Why: clients know their model and their GPUs, not per-stage milliseconds. This module estimates, per
 layer, the compute time of F (forward), B (input gradient) and W (weight gradient), the activation
 memory each microbatch keeps, the part of it only W needs, the parameters, and from those the per-stage
-numbers of a problem v1 for a given partition (contiguous layer ranges per stage) and placement.
+numbers of a problem v1 for a given partition (planner.partition: contiguous layer ranges per stage)
+and placement.
 Profiled per-layer numbers, when a spec gives them, replace the estimates field by field.
 
 Layers are indexed over the *whole* stack, embedding first and LM head (then MTP heads) last:
@@ -58,258 +59,30 @@ microbatch; bytes for 16-bit activations unless noted):
 * Offload/reload time = offloaded bytes / host-link bandwidth (PCIe); the link time between stages =
   latency + boundary activation bytes (2·b·s·h) / inter-stage bandwidth. Recompute re-runs the
   forward (recompute_ms = forward_ms) keeping only the stage input (checkpoint = 2·b·s·h bytes).
+
+A spec that describes the whole job (`parallel`, `precision`, `cluster`; docs/costmodel.md) is costed
+per GPU, following Megatron-LM's decomposition: FLOPs and weights over tp (experts over ep x etp),
+activations per Korthikanti et al. 2022 Table 2 with or without sequence parallelism, sequence terms
+over cp, static memory with the optimizer sharded over dp x cp (experts over edp); TP collectives,
+the CP ring and expert all-to-alls add what their overlap leaves on the compute stream
+(planner/layout.py times them); each stage gets its gradient reduction, each device its optimizer
+step, the problem its workload. With `precision` the time is the calibrated estimate: matmuls at
+fitted fractions of the FP8 / 16-bit peaks, attention on the scores a causal kernel computes.
+Without those fields every number is the original estimate above, so old specs keep their keys.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel
 
-from .contract import DEFAULT_LIMITS, PROBLEM_FORMAT, Device, Limits, Options, Problem, Stage
+from .contract import PROBLEM_FORMAT, Device, Options, Problem, Stage, Workload
+from .layout import Layout
+from .partition import balanced_partition, counts_to_ranges, stage_device, uniform_partition
+from .spec import DTYPE_BYTES, MIB, ModelSpec, Spec, Training
 
-MIB = 2.0**20
-GIB = 2.0**30
-SPEC_FORMAT = "pipeplan.spec/v1"
 COSTMODEL_VERSION = "pipeplan.costmodel/1"
-
-LayerType = Literal["dense", "moe", "mamba", "attention", "mlp", "embedding", "lm_head", "mtp_head"]
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-PATTERN = {"D": "dense", "E": "moe", "M": "mamba", "*": "attention", "-": "mlp"}
-
-
-# --------------------------------------------------------------------------------------------------
-# Spec models
-# --------------------------------------------------------------------------------------------------
-class LayerGroup(BaseModel):
-    """`count` consecutive layers of one type; profiled numbers (per layer, per microbatch) replace
-    the estimate of exactly the field they name."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    type: LayerType
-    count: int = Field(default=1, ge=1)
-    forward_ms: float | None = Field(default=None, gt=0)
-    backward_input_ms: float | None = Field(default=None, gt=0)
-    backward_weight_ms: float | None = Field(default=None, ge=0)
-    activation_mib: float | None = Field(default=None, ge=0)
-    weight_grad_mib: float | None = Field(default=None, ge=0)
-    params: float | None = Field(default=None, ge=0, description="parameter count of one layer")
-
-
-class ModelSpec(BaseModel):
-    """A transformer-like model. Without `stack`, the blocks are `layers` dense blocks (or MoE blocks
-    when `experts` is set, after `first_dense_layers` dense ones, every `moe_every`-th layer)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = "model"
-    layers: int | None = Field(default=None, ge=1, description="transformer blocks (without embedding/head)")
-    hidden: int = Field(ge=1)
-    ffn: int | None = Field(default=None, ge=1, description="MLP inner size; default 4 x hidden")
-    heads: int = Field(ge=1)
-    kv_heads: int | None = Field(default=None, ge=1)
-    head_dim: int | None = Field(default=None, ge=1)
-    vocab: int = Field(ge=1)
-    seq_len: int = Field(ge=1)
-    micro_batch_size: int = Field(default=1, ge=1)
-    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
-    gated_mlp: bool = Field(default=True, description="SwiGLU/GeGLU MLP (3 matrices) instead of 2")
-    dropout: bool = False
-    tie_embeddings: bool = False
-    experts: int | None = Field(default=None, ge=1)
-    top_k: int | None = Field(default=None, ge=1)
-    moe_ffn: int | None = Field(default=None, ge=1, description="expert MLP size; default ffn")
-    shared_experts: int = Field(default=0, ge=0)
-    moe_every: int = Field(default=1, ge=1)
-    first_dense_layers: int = Field(default=0, ge=0)
-    mamba_d_state: int = Field(default=128, ge=1)
-    mamba_expand: int = Field(default=2, ge=1)
-    mamba_head_dim: int = Field(default=64, ge=1)
-    mtp_heads: int = Field(default=0, ge=0, description="multi-token-prediction heads after the LM head")
-    stack: list[LayerGroup] | None = Field(
-        default=None, description="explicit layer types in order; embedding/lm_head added when absent")
-    pattern: str | None = Field(
-        default=None, description="hybrid layout, one character per block (Megatron hybrid style): "
-        "D dense, E MoE, M Mamba, * attention only, - MLP only")
-
-    @model_validator(mode="after")
-    def _check(self) -> ModelSpec:
-        if self.stack is not None and self.pattern is not None:
-            raise ValueError("pattern: give either pattern or stack, not both")
-        if self.pattern is not None:
-            bad = sorted(set(self.pattern) - set(PATTERN))
-            if bad or not self.pattern:
-                raise ValueError(f"pattern: unknown characters {bad}; use {''.join(PATTERN)}")
-            if "E" in self.pattern and self.experts is None:
-                raise ValueError("pattern: has MoE blocks (E) but experts/top_k are not given")
-        if self.stack is None and self.pattern is None and self.layers is None:
-            raise ValueError("layers: give the number of blocks (or a pattern or an explicit stack)")
-        if self.kv_heads is not None and self.heads % self.kv_heads:
-            raise ValueError(f"kv_heads: {self.kv_heads} does not divide heads ({self.heads})")
-        if self.head_dim is None and self.hidden % self.heads:
-            raise ValueError(f"heads: {self.heads} does not divide hidden ({self.hidden}); give head_dim")
-        if (self.experts is None) != (self.top_k is None):
-            raise ValueError("experts/top_k: give both for a MoE model, or neither")
-        if self.experts is not None and self.top_k > self.experts:
-            raise ValueError(f"top_k: {self.top_k} exceeds experts ({self.experts})")
-        uses_moe = self.stack is not None and any(g.type == "moe" for g in self.stack)
-        if uses_moe and self.experts is None:
-            raise ValueError("stack: has moe layers but experts/top_k are not given")
-        if self.layers is not None and self.first_dense_layers > self.layers:
-            raise ValueError("first_dense_layers: exceeds layers")
-        return self
-
-    # derived sizes
-    @property
-    def f(self) -> int:
-        return self.ffn or 4 * self.hidden
-
-    @property
-    def hd(self) -> int:
-        return self.head_dim or self.hidden // self.heads
-
-    @property
-    def q_dim(self) -> int:
-        return self.heads * self.hd
-
-    @property
-    def kv_dim(self) -> int:
-        return (self.kv_heads or self.heads) * self.hd
-
-    def layer_groups(self) -> list[LayerGroup]:
-        """The whole stack in order: embedding, blocks, LM head, MTP heads."""
-        if self.stack is not None:
-            groups = list(self.stack)
-        elif self.pattern is not None:
-            groups = [LayerGroup(type=PATTERN[c]) for c in self.pattern]
-        else:
-            groups = []
-            for i in range(self.layers):
-                moe = (self.experts is not None and i >= self.first_dense_layers
-                       and (i - self.first_dense_layers) % self.moe_every == 0)
-                groups.append(LayerGroup(type="moe" if moe else "dense"))
-        if not groups or groups[0].type != "embedding":
-            groups.insert(0, LayerGroup(type="embedding"))
-        if not any(g.type == "lm_head" for g in groups):
-            tail = [i for i, g in enumerate(groups) if g.type == "mtp_head"]
-            groups.insert(tail[0] if tail else len(groups), LayerGroup(type="lm_head"))
-        if not any(g.type == "mtp_head" for g in groups):
-            groups += [LayerGroup(type="mtp_head") for _ in range(self.mtp_heads)]
-        return [LayerGroup(**{**g.model_dump(), "count": 1}) for g in groups for _ in range(g.count)]
-
-
-class Hardware(BaseModel):
-    """One accelerator and its links. Presets give datasheet numbers; any field may be overridden."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = "custom"
-    peak_tflops: float = Field(gt=0, description="dense 16-bit tensor-core peak, TFLOP/s")
-    mfu: float = Field(default=0.45, gt=0, le=1, description="achieved fraction of the peak")
-    hbm_gib: float = Field(gt=0)
-    hbm_gbps: float = Field(default=2000.0, gt=0, description="HBM bandwidth, GB/s")
-    host_link_gbps: float = Field(gt=0, description="device<->host copy bandwidth per direction, GB/s")
-    link_gbps: float = Field(gt=0, description="inter-stage (p2p) bandwidth per direction, GB/s")
-    link_latency_us: float = Field(default=10.0, ge=0)
-
-
-# Datasheet numbers (NVIDIA A100 / H100 / H200 datasheets: dense BF16 tensor TFLOP/s, HBM size and
-# bandwidth). Host link: achievable PCIe 4.0 x16 (~25 GB/s of 32) for A100, PCIe 5.0 x16 (~50 of 64)
-# for H100/H200. Inter-stage link: NVLink per direction at ~80% (A100: 300 GB/s, H100/H200: 450 GB/s
-# per direction on the datasheet). Across nodes, override link_gbps with the NIC rate (e.g. 50 for
-# 400 Gb/s InfiniBand). hbm_gib is the memory nvidia-smi reports.
-HARDWARE: dict[str, Hardware] = {
-    "A100-40GB": Hardware(name="A100-40GB", peak_tflops=312, mfu=0.5, hbm_gib=40.0, hbm_gbps=1555,
-                          host_link_gbps=25, link_gbps=240),
-    "A100-80GB": Hardware(name="A100-80GB", peak_tflops=312, mfu=0.5, hbm_gib=80.0, hbm_gbps=2039,
-                          host_link_gbps=25, link_gbps=240),
-    "H100-80GB": Hardware(name="H100-80GB", peak_tflops=989, mfu=0.4, hbm_gib=79.6, hbm_gbps=3350,
-                          host_link_gbps=50, link_gbps=360),
-    "H200-141GB": Hardware(name="H200-141GB", peak_tflops=989, mfu=0.4, hbm_gib=140.4, hbm_gbps=4800,
-                           host_link_gbps=50, link_gbps=360),
-}
-
-
-class Training(BaseModel):
-    """How the model is trained: pipeline size, microbatches, placement and memory policy."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    devices: int = Field(ge=1, description="pipeline-parallel devices")
-    microbatches: int = Field(ge=1)
-    placement: Literal["loop", "v"] = "loop"
-    chunks: int | None = Field(default=None, ge=1, le=8, description="stages per device (V: 2)")
-    split_backward: bool = True
-    offload: bool = False
-    recompute: bool = False
-    memory_budget_gib: float | list[float] | None = Field(
-        default=None, description="per-device limit (one number or one per device); default: HBM")
-    reserved_gib: float = Field(default=0.0, ge=0, description="set aside: CUDA context, NCCL, slack")
-    dp_shards: int = Field(default=1, ge=1, description="data-parallel degree sharding optimizer state")
-    bytes_per_param: float | None = Field(default=None, gt=0, description="override the 16 of ZeRO")
-    flash_attention: bool = True
-
-    @model_validator(mode="after")
-    def _check(self) -> Training:
-        if self.placement == "v" and self.chunks not in (None, 2):
-            raise ValueError(f"chunks: V placement needs 2 stages per device, got {self.chunks}")
-        if isinstance(self.memory_budget_gib, list) and len(self.memory_budget_gib) != self.devices:
-            raise ValueError(f"memory_budget_gib: {len(self.memory_budget_gib)} entries for"
-                             f" {self.devices} devices")
-        budgets = self.memory_budget_gib if isinstance(self.memory_budget_gib, list) else [self.memory_budget_gib]
-        if any(b is not None and not (b > 0 and math.isfinite(b)) for b in budgets):
-            raise ValueError("memory_budget_gib: must be positive")
-        return self
-
-    @property
-    def num_chunks(self) -> int:
-        return self.chunks or (2 if self.placement == "v" else 1)
-
-
-class Spec(BaseModel):
-    """A model spec document: what `problem_from_document` accepts besides a problem v1."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    format: Literal["pipeplan.spec/v1"] = SPEC_FORMAT
-    model: ModelSpec
-    hardware: Hardware
-    training: Training
-    partition: Literal["uniform", "balanced", "auto"] | list[int] = Field(
-        default="balanced", description="strategy, or layers per stage (embedding/head included)")
-
-    @field_validator("hardware", mode="before")
-    @classmethod
-    def _preset(cls, value: Any) -> Any:
-        """A preset name, or a dict with an optional `preset` whose fields it overrides."""
-        if isinstance(value, str):
-            if value not in HARDWARE:
-                raise ValueError(f"unknown preset {value!r}; presets: {', '.join(HARDWARE)}")
-            return HARDWARE[value]
-        if isinstance(value, dict) and "preset" in value:
-            name = value["preset"]
-            if name not in HARDWARE:
-                raise ValueError(f"preset: unknown {name!r}; presets: {', '.join(HARDWARE)}")
-            rest = {k: v for k, v in value.items() if k != "preset"}
-            return {**HARDWARE[name].model_dump(), **rest}
-        return value
-
-    @model_validator(mode="after")
-    def _check(self) -> Spec:
-        n = len(self.model.layer_groups())
-        stages = self.training.devices * self.training.num_chunks
-        if n < stages:
-            raise ValueError(f"training: {stages} stages but the model has only {n} layers"
-                             " (embedding and head included)")
-        if isinstance(self.partition, list):
-            if len(self.partition) != stages:
-                raise ValueError(f"partition: {len(self.partition)} entries for {stages} stages")
-            if any(c < 1 for c in self.partition) or sum(self.partition) != n:
-                raise ValueError(f"partition: layers per stage must be >= 1 and sum to {n}")
-        return self
 
 
 # --------------------------------------------------------------------------------------------------
@@ -325,7 +98,13 @@ class LayerCost(BaseModel):
     activation_bytes: float
     weight_grad_bytes: float
     params: float
+    static_bytes: float  # weights, gradients and optimizer state kept on the device
     flops: float  # forward FLOPs (for the model summary)
+    model_flops: float = 0.0  # forward FLOPs, causal attention counted as computed (for MFU)
+    expert_params: float = 0.0  # of `params`, routed experts
+    transient_bytes: float = 0.0  # full recompute: the block's activation, held during its backward
+    grad_bytes: tuple[float, float] = (0.0, 0.0)  # per GPU, dense and expert gradients to reduce
+    optimizer_params: float = 0.0  # per GPU, parameters whose optimizer state this GPU updates
 
     @property
     def total_ms(self) -> float:
@@ -333,18 +112,31 @@ class LayerCost(BaseModel):
 
 
 class _Parts(BaseModel):
-    """Raw estimate of one layer: linear and attention-core FLOPs, activation and W-held bytes."""
+    """Raw estimate of one layer for one microbatch of one pipeline replica: FLOPs, activation and
+    W-held bytes, parameters; the subsets and counts the parallel estimate needs beside them."""
 
-    linear_flops: float = 0.0
-    core_flops: float = 0.0
+    linear_flops: float = 0.0  # every matmul with weights (experts and heads included)
+    core_flops: float = 0.0  # attention scores and weighted sum, every score counted (or SSD scan)
     act: float = 0.0
     wgrad: float = 0.0
     params: float = 0.0
     hbm_bytes: float = 0.0  # memory-bound work per pass (embedding)
+    # subsets, for the parallel / calibrated estimate
+    expert_params: float = 0.0  # routed experts: spread over ep x etp, reduced over edp
+    expert_flops: float = 0.0  # of linear_flops, the routed experts' (top_k per token)
+    unfused_act: float = 0.0  # of act, what Megatron's fused kernels do not keep (SwiGLU, MoE permutation)
+    bf16_flops: float = 0.0  # matmuls that stay 16-bit in an FP8 run (LM head, router)
+    fp8_act: float = 0.0  # 16-bit bytes of saved linear-layer inputs, which FP8 runs keep in 8 bits
+    rep_act: float = 0.0  # bytes every TP rank keeps whole without sequence parallelism
+    tp_collectives: float = 0.0  # TP all-gathers + reduce-scatters of the hidden state per pass
+    all_to_alls: float = 0.0  # expert all-to-alls per pass (dispatch, combine)
+    ring_width: float = 0.0  # K and V values per token an attention layer passes around the CP ring
 
 
 def _attention(m: ModelSpec, t: Training) -> _Parts:
     b, s, h = m.micro_batch_size, m.seq_len, m.hidden
+    if m.mla:
+        return _mla(m, t)
     q, kv, a = m.q_dim, m.kv_dim, m.heads
     linear = 2 * b * s * h * (2 * q + 2 * kv)  # Q, O (h x q) and K, V (h x kv) projections
     core = 4 * b * s * s * q  # QK^T and (softmax)V
@@ -356,7 +148,31 @@ def _attention(m: ModelSpec, t: Training) -> _Parts:
     # W needs the inputs of QKV and O projections and the gradients of their outputs
     wgrad = 2 * h + 2 * q + 2 * (q + 2 * kv) + 2 * h
     params = 2 * h * q + 2 * h * kv + h  # + norm
-    return _Parts(linear_flops=linear, core_flops=core, act=b * s * act, wgrad=b * s * wgrad, params=params)
+    return _Parts(linear_flops=linear, core_flops=core, act=b * s * act, wgrad=b * s * wgrad, params=params,
+                  fp8_act=b * s * (2 * h + 2 * q),
+                  rep_act=b * s * (2 * h + 2 * h + mask * h), tp_collectives=2, ring_width=2 * kv)
+
+
+def _mla(m: ModelSpec, t: Training) -> _Parts:
+    """Multi-head latent attention (DeepSeek-V2 §2.1): queries through a rank-r_q bottleneck (or a
+    plain projection), keys and values from one rank-r_kv latent plus a shared RoPE key."""
+    b, s, h, a = m.micro_batch_size, m.seq_len, m.hidden, m.heads
+    rq, rkv, rope = m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim
+    qk, vd = m.qk_head_dim, m.v_head_dim or m.hd
+    nope = qk - rope
+    q_proj = h * rq + rq * a * qk if rq else h * a * qk
+    weights = q_proj + h * (rkv + rope) + rkv * a * (nope + vd) + a * vd * h
+    core = 2 * b * s * s * a * (qk + vd)  # QK^T over qk dims, (softmax)V over v dims
+    mask = 1 if m.dropout else 0
+    # per token: LN input, down-projection input, latents (+ their norms' inputs), Q, K, V, O input
+    act = 2 * h + 2 * h + 4 * ((rq or 0) + rkv + rope) + 2 * a * qk * 2 + 2 * a * vd + 2 * a * vd + mask * h
+    if not t.flash_attention:
+        act += (5 if m.dropout else 2) * a * s
+    wgrad = 2 * h + 2 * ((rq or 0) + rkv) + 2 * a * vd + 2 * ((rq or 0) + rkv + rope) + 2 * a * (qk + nope + vd) + 2 * h
+    return _Parts(linear_flops=2 * b * s * weights, core_flops=core, act=b * s * act, wgrad=b * s * wgrad,
+                  params=weights + h + (rq or 0) + rkv,
+                  fp8_act=b * s * (2 * h + 2 * ((rq or 0) + rkv) + 2 * a * vd),
+                  rep_act=b * s * (2 * h + 2 * h + mask * h), tp_collectives=2, ring_width=a * (qk + vd))
 
 
 def _mlp(m: ModelSpec, f: int, tokens_per_token: float = 1.0, mask: bool = True) -> _Parts:
@@ -369,7 +185,11 @@ def _mlp(m: ModelSpec, f: int, tokens_per_token: float = 1.0, mask: bool = True)
     act = tokens_per_token * (2 * h + saved * 2 * f) + (m.dropout and mask) * h
     wgrad = tokens_per_token * (2 * h + 2 * f + 2 * f * (2 if m.gated_mlp else 1) + 2 * h)
     params = mats * h * f
-    return _Parts(linear_flops=linear, act=b * s * act, wgrad=b * s * wgrad, params=params)
+    return _Parts(linear_flops=linear, act=b * s * act, wgrad=b * s * wgrad, params=params,
+                  fp8_act=b * s * tokens_per_token * (2 * h + 2 * f),
+                  # a fused SwiGLU keeps its input (gate, up) and output, not silu(gate)
+                  unfused_act=b * s * tokens_per_token * 2 * f if m.gated_mlp else 0.0,
+                  rep_act=b * s * (tokens_per_token * 2 * h + (m.dropout and mask) * h), tp_collectives=2)
 
 
 def _add(*parts: _Parts) -> _Parts:
@@ -380,8 +200,13 @@ def _norm_act(m: ModelSpec) -> float:
     return m.micro_batch_size * m.seq_len * 2 * m.hidden  # second layer norm input (2h per token)
 
 
+def _norm(m: ModelSpec) -> _Parts:
+    """The second layer norm: its input, replicated over TP ranks without sequence parallelism."""
+    return _Parts(act=_norm_act(m), params=m.hidden, rep_act=_norm_act(m))
+
+
 def _dense(m: ModelSpec, t: Training) -> _Parts:
-    return _add(_attention(m, t), _mlp(m, m.f), _Parts(act=_norm_act(m), params=m.hidden))
+    return _add(_attention(m, t), _mlp(m, m.f), _norm(m))
 
 
 def _moe_mlp(m: ModelSpec) -> _Parts:
@@ -389,14 +214,22 @@ def _moe_mlp(m: ModelSpec) -> _Parts:
     e, k, fe = m.experts, m.top_k, m.moe_ffn or m.f
     routed = _mlp(m, fe, tokens_per_token=k)
     shared = _mlp(m, fe, tokens_per_token=m.shared_experts, mask=False) if m.shared_experts else _Parts()
-    router = _Parts(linear_flops=2 * b * s * h * e, act=b * s * (4 * e + 2 * k * h), params=h * e)
+    router = _Parts(linear_flops=2 * b * s * h * e, act=b * s * (4 * e + 2 * k * h), params=h * e,
+                    bf16_flops=2 * b * s * h * e)
     out = _add(routed, shared, router)
     out.params = e * routed.params + m.shared_experts * routed.params + h * e
+    out.expert_params = e * routed.params
+    out.expert_flops = routed.linear_flops
+    out.unfused_act += b * s * 2 * k * h  # the permuted copies, counted again as the experts' inputs
+    # routed experts exchange tokens by all-to-all (no TP collective around them when etp = 1, which
+    # the parallel estimate accounts for); a shared expert is a TP-split MLP
+    out.tp_collectives = 2 if m.shared_experts else 0
+    out.all_to_alls = 2
     return out
 
 
 def _moe(m: ModelSpec, t: Training) -> _Parts:
-    return _add(_attention(m, t), _moe_mlp(m), _Parts(act=_norm_act(m), params=m.hidden))
+    return _add(_attention(m, t), _moe_mlp(m), _norm(m))
 
 
 def _mamba(m: ModelSpec) -> _Parts:
@@ -409,21 +242,25 @@ def _mamba(m: ModelSpec) -> _Parts:
     act = 2 * (2 * h + 4 * di + 2 * n) + 2 * (di + 2 * n) + 2 * 3 * di
     wgrad = 2 * h + 2 * proj_out + 2 * di + 2 * h
     params = h * proj_out + di * h + 4 * (di + 2 * n) + 3 * nh + di + h  # + conv, A, D, dt, norms
-    return _Parts(linear_flops=linear, core_flops=core, act=b * s * act, wgrad=b * s * wgrad, params=params)
+    return _Parts(linear_flops=linear, core_flops=core, act=b * s * act, wgrad=b * s * wgrad, params=params,
+                  fp8_act=b * s * (2 * h + 2 * di),
+                  rep_act=b * s * 2 * 2 * h, tp_collectives=2)
 
 
 def _lm_head(m: ModelSpec) -> _Parts:
     b, s, h, v = m.micro_batch_size, m.seq_len, m.hidden, m.vocab
-    # input 2h, final norm input 2h, fp32 logits 4V per token for the cross-entropy backward
+    # input 2h, final norm input 2h, fp32 logits 4V per token for the cross-entropy backward; Megatron
+    # keeps the output layer in 16 bits in FP8 runs (it is not a Transformer Engine layer)
     return _Parts(linear_flops=2 * b * s * h * v, act=b * s * (4 * h + 4 * v), wgrad=b * s * (2 * h + 2 * v),
-                  params=h * v + h)
+                  params=h * v + h, bf16_flops=2 * b * s * h * v, rep_act=b * s * 4 * h, tp_collectives=1)
 
 
 def _embedding(m: ModelSpec) -> _Parts:
     b, s, h = m.micro_batch_size, m.seq_len, m.hidden
     bytes_ = DTYPE_BYTES[m.dtype]
     # gather: read and write b*s*h values; the weight gradient scatter-adds as many
-    return _Parts(act=b * s * 8, hbm_bytes=2 * b * s * h * bytes_, params=m.vocab * h)
+    return _Parts(act=b * s * 8, hbm_bytes=2 * b * s * h * bytes_, params=m.vocab * h, rep_act=b * s * 8,
+                  tp_collectives=1)
 
 
 def _parts(m: ModelSpec, t: Training, kind: str) -> _Parts:
@@ -458,23 +295,136 @@ def _scale_bytes(m: ModelSpec, p: _Parts) -> _Parts:
     if DTYPE_BYTES[m.dtype] == 2:
         return p
     k = DTYPE_BYTES[m.dtype] / 2
-    return p.model_copy(update={"act": p.act * k, "wgrad": p.wgrad * k})
+    return p.model_copy(update={"act": p.act * k, "wgrad": p.wgrad * k, "fp8_act": p.fp8_act * k,
+                                "rep_act": p.rep_act * k, "unfused_act": p.unfused_act * k})
 
 
-def layer_costs(model: ModelSpec, hardware: Hardware, training: Training) -> list[LayerCost]:
-    """Per-layer, per-microbatch F/B/W time, activation and W-held bytes, parameters."""
+ATTENDING = ("dense", "moe", "attention", "mtp_head")  # layer types with an attention core
+BLOCKS = ("dense", "moe", "mamba", "attention", "mlp", "mtp_head")  # what full recompute recomputes
+
+
+def _attended(m: ModelSpec, block: int) -> float:
+    """Fraction of the s x s attention scores a kernel computes in block `block` (0-based): about
+    half with a causal mask (FlashAttention skips masked tiles), w/s(1 - w/2s) with a causal window
+    of w tokens; 1 without a mask."""
+    s, w = m.seq_len, m.sliding_window
+    local = w is not None and w < s and not (m.full_attention_every and (block + 1) % m.full_attention_every == 0)
+    if local:
+        keys = w - w * (w - 1) / (2 * s) if m.causal else min(2 * w + 1, s)
+    else:
+        keys = (s + 1) / 2 if m.causal else s
+    return keys / s
+
+
+class _Rates(BaseModel):
+    """What one GPU does per ms (calibrated estimate): 16-bit and FP8 matmul FLOPs, attention FLOPs,
+    the slowdown of routed-expert work, HBM bytes."""
+
+    bf16: float
+    fp8: float
+    attention: float
+    moe: float
+    hbm: float
+
+    @classmethod
+    def of(cls, spec: Spec) -> _Rates:
+        hw = spec.hardware
+        bf16 = hw.peak_tflops * 1e9 * hw.bf16_efficiency
+        fp8 = hw.fp8_tflops * 1e9 * hw.fp8_efficiency if spec.precision == "fp8" else bf16
+        attention = hw.peak_tflops * 1e9 * (hw.attention_efficiency or hw.bf16_efficiency)
+        return cls(bf16=bf16, fp8=fp8, attention=attention, moe=hw.moe_efficiency, hbm=hw.hbm_gbps * 1e6)
+
+
+def _pass_times(p: _Parts, spec: Spec, layout: Layout, block: int | None) -> tuple[float, float, float]:
+    """F, B, W compute time of one layer on one GPU (calibrated estimate): FP8-able matmuls at the FP8
+    rate, the rest at the 16-bit one, the scores a kernel computes (`_attended`), all over tp x cp."""
+    r = _Rates.of(spec)
+    share = layout.tp * layout.cp
+    core = p.core_flops * (_attended(spec.model, block) if block is not None else 1.0)
+    expert = p.expert_flops / r.moe - p.expert_flops  # the routed experts' extra time, at the FP8-able rate
+    linear = ((p.linear_flops - p.bf16_flops + expert) / r.fp8 + p.bf16_flops / r.bf16) / share
+    core_ms = core / (r.attention if block is not None else r.bf16) / share
+    hbm = p.hbm_bytes / layout.cp / r.hbm
+    return linear + core_ms + hbm, linear + 2 * core_ms + hbm, linear + hbm
+
+
+def _exposed_comm(p: _Parts, spec: Spec, layout: Layout, compute: tuple[float, float], core_ms: float
+                  ) -> tuple[float, float]:
+    """Communication time left on the compute stream in F and in B (docs/costmodel.md):
+
+    * TP: `tp_collectives` all-gathers / reduce-scatters of the hidden state (b·s/cp·h 16-bit values)
+      per pass; the part beyond `tp_overlap` x the pass's compute shows;
+    * EP: `all_to_alls` per pass, each GPU sending its b·s/(tp·cp) tokens x top_k x h 16-bit values;
+      the part beyond `ep_overlap` x the pass's compute shows;
+    * CP: cp - 1 ring steps of the K and V chunk in F, twice that in B (K, V and their gradients);
+      they overlap the attention kernels, only the excess shows."""
+    m, par = spec.model, spec.parallel_or_default
+    b, s, h = m.micro_batch_size, m.seq_len, m.hidden
+    tp = p.tp_collectives * layout.tp_collective_ms(b * s / layout.cp * h * 2)
+    routed = b * s / (layout.tp * layout.cp) * (m.top_k or 0) * h * 2
+    a2a = p.all_to_alls * layout.all_to_all_ms(routed)
+    ring = (layout.cp - 1) * layout.cp_ring_ms(b * s / layout.cp * p.ring_width * 2 / layout.tp)
+    out = []
+    for k, busy in enumerate(compute):
+        shown = max(0.0, tp - par.tp_overlap * busy) + max(0.0, a2a - par.ep_overlap * busy)
+        shown += max(0.0, (k + 1) * (ring - core_ms))
+        out.append(shown)
+    return out[0], out[1]
+
+
+def _per_gpu_memory(p: _Parts, spec: Spec, layout: Layout) -> tuple[float, float]:
+    """(activation, W-held) bytes one GPU keeps for the layer: what Megatron's fused kernels keep
+    (`unfused_act` out); FP8 runs keep linear-layer inputs in 8 bits; TP with sequence parallelism
+    splits everything, without it only what is not `rep_act` (Korthikanti et al. 2022, Table 2:
+    sbh(10 + 24/t + 5as/(ht)) vs sbh(34 + 5as/h)/t); CP splits the sequence."""
+    act = p.act - p.unfused_act
+    if spec.precision == "fp8":
+        act -= p.fp8_act / 2
+    if layout.tp > 1 or layout.cp > 1:
+        rep = min(p.rep_act, act)
+        act = ((act - rep) / layout.tp + (rep / layout.tp if layout.sp else rep)) / layout.cp
+    wgrad = min(p.wgrad * act / p.act, act) if p.act > 0 else 0.0
+    return act, wgrad
+
+
+def layer_costs(spec: Spec) -> list[LayerCost]:
+    """Per-layer, per-microbatch F/B/W time, activation and W-held bytes, parameters and the static
+    bytes they keep -- per GPU: a stage's GPU holds its layers' share over tp x cp (and ep)."""
+    model, hardware, training = spec.model, spec.hardware, spec.training
     flops_per_ms = hardware.peak_tflops * 1e12 * hardware.mfu / 1e3
     if model.dtype == "fp32":
         flops_per_ms /= 2  # without 16-bit tensor cores (TF32 is half the BF16 rate on A100/H100)
     bytes_per_ms = hardware.hbm_gbps * 1e9 / 1e3
-    out = []
+    layout = Layout.of(spec) if spec.describes_the_job else None
+    out, block = [], 0
     for g in model.layer_groups():
         p = _scale_bytes(model, _parts(model, training, g.type))
-        fwd = (p.linear_flops + p.core_flops) / flops_per_ms + p.hbm_bytes / bytes_per_ms
-        bi = (p.linear_flops + 2 * p.core_flops) / flops_per_ms + p.hbm_bytes / bytes_per_ms
-        bw = p.linear_flops / flops_per_ms + p.hbm_bytes / bytes_per_ms
-        act = g.activation_mib * MIB if g.activation_mib is not None else p.act
-        wg = g.weight_grad_mib * MIB if g.weight_grad_mib is not None else p.wgrad
+        attending = block if g.type in ATTENDING else None
+        if spec.precision is None:  # the original estimate, every number as it always was
+            fwd = (p.linear_flops + p.core_flops) / flops_per_ms + p.hbm_bytes / bytes_per_ms
+            bi = (p.linear_flops + 2 * p.core_flops) / flops_per_ms + p.hbm_bytes / bytes_per_ms
+            bw = p.linear_flops / flops_per_ms + p.hbm_bytes / bytes_per_ms
+            core_ms = p.core_flops / flops_per_ms
+            if layout is not None and layout.tp * layout.cp > 1:
+                fwd, bi, bw, core_ms = (x / (layout.tp * layout.cp) for x in (fwd, bi, bw, core_ms))
+        else:
+            fwd, bi, bw = _pass_times(p, spec, layout, attending)
+            core_ms = bi - fwd
+        act, wg = p.act, p.wgrad
+        transient = 0.0
+        if layout is not None:
+            fwd_comm, bi_comm = _exposed_comm(p, spec, layout, (fwd, bi), core_ms)
+            act, wg = _per_gpu_memory(p, spec, layout)
+            if training.full_recompute and g.type in BLOCKS:
+                # keep the block's input only; rerun its forward inside the backward
+                transient, act = act, min(act, boundary_bytes(model) / (layout.tp * layout.cp))
+                wg, bi = min(wg, act), bi + fwd + fwd_comm
+            fwd, bi = fwd + fwd_comm, bi + bi_comm
+        if g.type in BLOCKS:
+            block += 1
+        act = g.activation_mib * MIB if g.activation_mib is not None else act
+        wg = g.weight_grad_mib * MIB if g.weight_grad_mib is not None else wg
+        attended = _attended(model, attending) if attending is not None else 1.0
         out.append(LayerCost(
             type=g.type,
             forward_ms=g.forward_ms if g.forward_ms is not None else fwd,
@@ -483,12 +433,47 @@ def layer_costs(model: ModelSpec, hardware: Hardware, training: Training) -> lis
             activation_bytes=act,
             weight_grad_bytes=min(wg, act),
             params=g.params if g.params is not None else p.params,
+            static_bytes=0.0,
             flops=p.linear_flops + p.core_flops,
+            model_flops=p.linear_flops + p.core_flops * attended,
+            expert_params=p.expert_params,
+            transient_bytes=transient,
         ))
     if model.tie_embeddings:
         head = next(c for c in out if c.type == "lm_head")
         head.params = out[0].params  # same shape; a second copy lives on the last stage
+    _static(spec, out, layout)
     return out
+
+
+def _static(spec: Spec, costs: list[LayerCost], layout: Layout | None) -> None:
+    """Fill each layer's static bytes (weights, gradients, optimizer state) and, with a parallel
+    layout, the per-GPU gradient bytes its stage reduces and parameters its optimizer steps."""
+    par, t = spec.parallel, spec.training
+    if par is None:
+        bpp = static_bytes_per_param(t)
+        for c in costs:
+            c.static_bytes = c.params * bpp
+        if layout is None:
+            return
+    grad = 4 if par is None or par.grad_dtype == "fp32" else 2
+    optimizer = "distributed" if par is None else par.optimizer
+    dp_group = layout.dp * layout.cp
+    for c in costs:
+        dense = (c.params - c.expert_params) / layout.tp
+        expert = c.expert_params / (layout.ep * layout.etp)
+        c.grad_bytes = (dense * grad, expert * grad)
+        sharded = (dense, expert) if optimizer == "replicated" else (dense / dp_group, expert / layout.edp)
+        c.optimizer_params = sharded[0] + sharded[1]
+        if par is None:
+            continue
+        if t.bytes_per_param is not None:
+            c.static_bytes = (dense + expert) * t.bytes_per_param
+        elif optimizer == "fsdp":  # 16-bit weights and gradients gathered for the stage, the rest sharded
+            c.static_bytes = (dense + expert) * 4 + (4 + 4 + 8) * c.optimizer_params
+        else:  # 16-bit weights (FP8 runs: FP8 data + transpose, as Megatron's fp8_param_gather keeps
+            # them), gradient buffer, fp32 master weights and Adam moments (12 B, sharded)
+            c.static_bytes = (dense + expert) * (2 + grad) + 12 * c.optimizer_params
 
 
 def static_bytes_per_param(training: Training) -> float:
@@ -502,78 +487,6 @@ def boundary_bytes(model: ModelSpec) -> float:
     """The hidden state passed between stages (and kept as a recompute checkpoint): 2·b·s·h bytes."""
     return model.micro_batch_size * model.seq_len * model.hidden * DTYPE_BYTES[model.dtype]
 
-
-# --------------------------------------------------------------------------------------------------
-# Placement and partitions
-# --------------------------------------------------------------------------------------------------
-def stage_device(stage: int, devices: int, placement: str) -> int:
-    """Loop: stage k on device k mod P (Megatron interleaving). V: chunk c runs forward on even c
-    and backward on odd c, so stage k and stage 2P-1-k share a device (ZB-V)."""
-    chunk, pos = divmod(stage, devices)
-    if placement == "v" and chunk % 2 == 1:
-        return devices - 1 - pos
-    return pos
-
-
-def _counts_to_ranges(counts: list[int]) -> list[list[int]]:
-    ranges, start = [], 0
-    for c in counts:
-        ranges.append([start, start + c])
-        start += c
-    return ranges
-
-
-def uniform_partition(types: list[str], stages: int) -> list[list[int]]:
-    """Megatron-LM's default: the blocks split evenly (earlier stages take the remainder), the
-    embedding joins the first stage and the LM head / MTP heads the last."""
-    head = sum(1 for t in types[:1] if t == "embedding")
-    tail = 0
-    while tail < len(types) - head and types[len(types) - 1 - tail] in ("lm_head", "mtp_head"):
-        tail += 1
-    blocks = len(types) - head - tail
-    if blocks < stages:  # too few blocks: fall back to spreading every layer
-        base, extra = divmod(len(types), stages)
-        return _counts_to_ranges([base + (i < extra) for i in range(stages)])
-    base, extra = divmod(blocks, stages)
-    counts = [base + (i < extra) for i in range(stages)]
-    counts[0] += head
-    counts[-1] += tail
-    return _counts_to_ranges(counts)
-
-
-def balanced_partition(weights: list[float], stages: int) -> list[list[int]]:
-    """Contiguous split of `weights` into `stages` non-empty ranges minimising the largest sum
-    (exact dynamic programme, O(stages·L²)); among optimal splits it prefers the smallest sum of
-    squares so the slack is spread instead of piled onto the last stage."""
-    n = len(weights)
-    if n < stages:
-        raise ValueError(f"partition: {n} layers cannot fill {stages} stages")
-    prefix = [0.0]
-    for w in weights:
-        prefix.append(prefix[-1] + w)
-    inf = (math.inf, math.inf)
-    # best[j][i]: (max, sumsq) splitting the first i layers into j stages
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = (0.0, 0.0)
-    for j in range(1, stages + 1):
-        for i in range(j, n - (stages - j) + 1):
-            for p in range(j - 1, i):
-                prev = best[j - 1][p]
-                if prev[0] == math.inf:
-                    continue
-                w = prefix[i] - prefix[p]
-                cand = (max(prev[0], w), prev[1] + w * w)
-                if cand[0] < best[j][i][0] - 1e-12 or (
-                        abs(cand[0] - best[j][i][0]) <= 1e-12 and cand[1] < best[j][i][1]):
-                    best[j][i] = cand
-                    cut[j][i] = p
-    ranges, i = [], n
-    for j in range(stages, 0, -1):
-        p = cut[j][i]
-        ranges.append([p, i])
-        i = p
-    return ranges[::-1]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -592,20 +505,28 @@ def _r_pos(x: float) -> float:
 def build_problem(spec: Spec, partition: list[list[int]], placement: str | None = None,
                   chunks: int | None = None, costs: list[LayerCost] | None = None) -> Problem:
     """The problem v1 of `spec` cut at `partition` ([first, end) layer ranges, one per stage) and
-    placed loop or V with `chunks` stages per device (defaults: the spec's training settings)."""
+    placed loop or V with `chunks` stages per device (defaults: the spec's training settings).
+
+    A spec that describes the whole job (`parallel`, `precision` or `cluster`) also gets the
+    iteration around the pipeline: each stage's gradient reduction, each device's optimizer step,
+    and the workload that turns the iteration time into tokens/s per GPU and MFU."""
     m, hw, t = spec.model, spec.hardware, spec.training
     placement = placement or t.placement
     chunks = chunks or (t.num_chunks if placement == t.placement else (2 if placement == "v" else 1))
-    costs = costs if costs is not None else layer_costs(m, hw, t)
+    costs = costs if costs is not None else layer_costs(spec)
     num_stages = t.devices * chunks
     if len(partition) != num_stages:
         raise ValueError(f"partition: {len(partition)} ranges for {num_stages} stages")
     if partition[0][0] != 0 or partition[-1][1] != len(costs) or any(
             a[1] != b[0] for a, b in itertools.pairwise(partition)) or any(r[1] <= r[0] for r in partition):
         raise ValueError(f"partition: ranges must be non-empty, contiguous and cover 0..{len(costs)}")
+    layout = Layout.of(spec) if spec.describes_the_job else None
     boundary = boundary_bytes(m)
+    if layout is not None and layout.tp * layout.cp > 1:
+        boundary /= layout.tp * layout.cp  # each GPU sends and checkpoints its share of the hidden state
     host_bytes_per_ms = hw.host_link_gbps * 1e9 / 1e3
     stages, params_on = [], [0.0] * t.devices
+    static_on, transient_on, tail_on = [0.0] * t.devices, [0.0] * t.devices, [0.0] * t.devices
     for k, (lo, hi) in enumerate(partition):
         layer = costs[lo:hi]
         act = sum(c.activation_bytes for c in layer)
@@ -615,6 +536,13 @@ def build_problem(spec: Spec, partition: list[list[int]], placement: str | None 
         offload = act / host_bytes_per_ms
         device = stage_device(k, t.devices, placement)
         params_on[device] += sum(c.params for c in layer)
+        reduce = None
+        if layout is not None:
+            static_on[device] += sum(c.static_bytes for c in layer)
+            transient_on[device] = max([transient_on[device], *(c.transient_bytes for c in layer)])
+            reduce = _reduce_ms(spec, layout, layer)
+            if not spec.parallel_or_default.overlap_grad_reduce:  # all reductions after the device's last op
+                tail_on[device], reduce = tail_on[device] + reduce, None
         stages.append(Stage(
             device=device, forward_ms=_r_pos(fwd),
             backward_input_ms=_r_pos(sum(c.backward_input_ms for c in layer)),
@@ -622,12 +550,28 @@ def build_problem(spec: Spec, partition: list[list[int]], placement: str | None 
             recompute_ms=_r_pos(fwd), offload_ms=_r(max(offload, 1e-4)),
             activation_mib=_r(act / MIB), weight_grad_mib=_r(min(wg, act) / MIB),
             offloadable_mib=_r(act / MIB), checkpoint_mib=_r(min(ckpt, act) / MIB),
+            reduce_ms=_r(reduce) if reduce else None,
         ))
-    bpp = static_bytes_per_param(t)
     budgets = t.memory_budget_gib if isinstance(t.memory_budget_gib, list) else [t.memory_budget_gib] * t.devices
-    devices = [Device(memory_limit_mib=_r(((b if b is not None else hw.hbm_gib) - t.reserved_gib) * 1024),
-                      static_mib=_r(params_on[d] * bpp / MIB)) for d, b in enumerate(budgets)]
-    p2p = hw.link_latency_us / 1e3 + boundary / (hw.link_gbps * 1e9 / 1e3)
+    limits = [_r(((b if b is not None else hw.hbm_gib) - t.reserved_gib) * 1024) for b in budgets]
+    if spec.parallel is None:
+        bpp = static_bytes_per_param(t)
+        static = [params_on[d] * bpp for d in range(t.devices)]
+    else:
+        static = static_on
+    static = [static[d] + transient_on[d] for d in range(t.devices)]
+    optimizer = [None] * t.devices
+    if layout is not None:
+        optimizer = [_r(_optimizer_ms(spec, layout, [c for k, (lo, hi) in enumerate(partition)
+                                                     if stage_device(k, t.devices, placement) == d
+                                                     for c in costs[lo:hi]]) + tail_on[d])
+                     for d in range(t.devices)]
+    devices = [Device(memory_limit_mib=limits[d], static_mib=_r(static[d] / MIB), optimizer_ms=optimizer[d])
+               for d in range(t.devices)]
+    if layout is None:
+        p2p = hw.link_latency_us / 1e3 + boundary / (hw.link_gbps * 1e9 / 1e3)
+    else:
+        p2p = layout.p2p_ms(boundary)
     total_params = sum(c.params for c in costs)
     metadata = {
         "costmodel": COSTMODEL_VERSION,
@@ -642,100 +586,66 @@ def build_problem(spec: Spec, partition: list[list[int]], placement: str | None 
         },
         "hardware": hw.name,
     }
+    workload = None
+    if layout is not None:
+        metadata["job"] = {"tp": layout.tp, "cp": layout.cp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep,
+                           "etp": layout.etp, "sp": layout.sp, "gpus": layout.gpus,
+                           "precision": spec.precision or m.dtype, "cluster": layout.cluster.name,
+                           "optimizer": spec.parallel_or_default.optimizer}
+        replicas = t.microbatches * layout.dp
+        workload = Workload(tokens=replicas * m.micro_batch_size * m.seq_len, gpus=layout.gpus,
+                            model_flops=3 * sum(c.model_flops for c in costs) * replicas,
+                            peak_tflops=hw.peak_tflops)
     return Problem(
         format=PROBLEM_FORMAT, num_devices=t.devices, num_microbatches=t.microbatches, p2p_ms=_r(p2p),
         options=Options(split_backward=t.split_backward, offload=t.offload, recompute=t.recompute),
-        stages=stages, devices=devices, metadata=metadata,
+        stages=stages, devices=devices, metadata=metadata, workload=workload,
     )
+
+
+# Adam's step reads and writes fp32 master weights and both moments (24 B), reads the gradient and
+# writes the 16-bit weight (about 8 B more): memory-bound, at the HBM rate.
+OPTIMIZER_BYTES_PER_PARAM = 32.0
+
+
+def _reduce_ms(spec: Spec, layout: Layout, layers: list[LayerCost]) -> float:
+    """The stage's data-parallel gradient reduction (layout.grad_reduce_ms)."""
+    dense = sum(c.grad_bytes[0] for c in layers)
+    expert = sum(c.grad_bytes[1] for c in layers)
+    return layout.grad_reduce_ms(dense, expert, all_reduce=spec.parallel_or_default.optimizer == "replicated")
+
+
+def _optimizer_ms(spec: Spec, layout: Layout, layers: list[LayerCost]) -> float:
+    """One device's optimizer step over the parameters it updates, plus the distributed optimizer's
+    parameter all-gather when it does not hide in the next iteration's forwards."""
+    par = spec.parallel_or_default
+    step = sum(c.optimizer_params for c in layers) * OPTIMIZER_BYTES_PER_PARAM / (spec.hardware.hbm_gbps * 1e6)
+    if par.optimizer == "distributed" and not par.overlap_param_gather:
+        dense = sum(c.grad_bytes[0] for c in layers) / (4 if par.grad_dtype == "fp32" else 2) * 2
+        expert = sum(c.grad_bytes[1] for c in layers) / (4 if par.grad_dtype == "fp32" else 2) * 2
+        step += layout.param_gather_ms(dense, expert)
+    return step
 
 
 def partition_for(spec: Spec, strategy: str | list[int], chunks: int | None = None,
                   costs: list[LayerCost] | None = None) -> list[list[int]]:
     """Layer ranges for 'uniform' / 'balanced' (by F+B+W time, embedding and heads counted) or an
     explicit list of layers per stage."""
-    costs = costs if costs is not None else layer_costs(spec.model, spec.hardware, spec.training)
+    costs = costs if costs is not None else layer_costs(spec)
     stages = spec.training.devices * (chunks or spec.training.num_chunks)
     if isinstance(strategy, list):
-        return _counts_to_ranges(strategy)
+        return counts_to_ranges(strategy)
     if strategy == "uniform":
         return uniform_partition([c.type for c in costs], stages)
     return balanced_partition([c.total_ms for c in costs], stages)
 
 
-def is_problem_document(doc: Any) -> bool:
-    return isinstance(doc, dict) and (doc.get("format") == PROBLEM_FORMAT or "stages" in doc)
-
-
-def _int(value: Any) -> int | None:
-    """An integer field's value when it is one (anything else is left to the model's validation)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def spec_layer_count(model: Any) -> int:
-    """Blocks a raw `model` dict asks for (layers, pattern or stack counts), without building them."""
-    if not isinstance(model, dict):
-        return 0
-    n = len(model["pattern"]) if isinstance(model.get("pattern"), str) else 0
-    stack = model.get("stack")
-    if isinstance(stack, list):
-        n = max(n, sum(max(1, _int(g.get("count", 1)) or 1) for g in stack if isinstance(g, dict)))
-    return max(n, _int(model.get("layers")) or 0) + max(0, _int(model.get("mtp_heads")) or 0)
-
-
-def check_spec_size(doc: Any, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Raise ValueError naming the field when a raw spec document asks for more than `limits` allow.
-
-    Runs on the dict before any validation: Spec validation builds every layer (ten million layers
-    took 14 GB) and an "auto" partition runs a search, so the sizes are checked first, in microseconds.
-    """
-    if not isinstance(doc, dict):
-        return
-    model = doc.get("model") if isinstance(doc.get("model"), dict) else {}
-    training = doc.get("training") if isinstance(doc.get("training"), dict) else {}
-    layers = spec_layer_count(model)
-    if layers > limits.max_layers:
-        field = next((f for f in ("layers", "pattern", "stack") if model.get(f) is not None), "layers")
-        raise ValueError(f"model.{field}: {layers} layers exceed the limit {limits.max_layers}")
-    devices = _int(training.get("devices")) or 1
-    microbatches = _int(training.get("microbatches")) or 1
-    chunks = _int(training.get("chunks")) or (2 if training.get("placement") == "v" else 1)
-    for name, value, cap in (("devices", devices, limits.max_devices),
-                             ("microbatches", microbatches, limits.max_microbatches),
-                             ("chunks", chunks, limits.max_stages_per_device)):
-        if value > cap:
-            raise ValueError(f"training.{name}: {value} exceeds the limit {cap}")
-    ops = 4 * devices * max(1, chunks) * microbatches
-    if ops > limits.max_ops:
-        raise ValueError(f"training: devices x chunks x microbatches gives up to {ops} ops, over the"
-                         f" limit {limits.max_ops}")
-    if doc.get("partition") == "auto" and 4 * devices * 2 * microbatches > limits.max_auto_ops:
-        # the search also tries 2 stages per device, so it is sized at chunks = 2
-        raise ValueError(f"partition: \"auto\" searches up to {4 * devices * 2 * microbatches} ops per"
-                         f" candidate at {devices} devices x {microbatches} microbatches, over the limit"
-                         f" {limits.max_auto_ops}; give \"balanced\" or a list of layers per stage")
-
-
-def spec_from_document(doc: dict) -> Spec:
-    """Validate a spec document (ValidationError names the field)."""
-    return Spec.model_validate(doc)
-
-
 __all__ = [
-    "HARDWARE",
-    "Hardware",
+    "COSTMODEL_VERSION",
     "LayerCost",
-    "LayerGroup",
-    "ModelSpec",
-    "Spec",
-    "Training",
-    "ValidationError",
-    "balanced_partition",
+    "boundary_bytes",
     "build_problem",
-    "check_spec_size",
-    "is_problem_document",
     "layer_costs",
     "partition_for",
-    "spec_from_document",
-    "stage_device",
-    "uniform_partition",
+    "static_bytes_per_param",
 ]

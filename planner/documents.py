@@ -12,22 +12,15 @@ from typing import Any
 
 from .adaptive import adaptive_problem
 from .contract import Limits, Problem
-from .costmodel import (
-    SPEC_FORMAT,
-    Spec,
-    build_problem,
-    check_spec_size,
-    is_problem_document,
-    layer_costs,
-    partition_for,
-)
+from .costmodel import build_problem, layer_costs, partition_for
+from .spec import SPEC_FORMAT, Spec, check_spec_size, is_problem_document
 
 
 def problem_from_spec(spec: Spec) -> Problem:
     """The problem for the spec's own partition strategy ("auto": planner.adaptive's search)."""
     if spec.partition == "auto":
         return adaptive_problem(spec)
-    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    costs = layer_costs(spec)
     return build_problem(spec, partition_for(spec, spec.partition, costs=costs), costs=costs)
 
 

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from .bounds import lower_bound
 from .contract import DevicePlan, Plan, PlanOp, Problem
+from .iteration import iteration_ms, throughput
 from .memory import TimedOp, host_memory, offloaded_mib, order_peak, peak_memory, recompute_ms
 from .ops import (
     COMPUTE_KINDS,
@@ -199,6 +200,9 @@ def build_plan(problem: Problem, schedule: Schedule, timing: Timing, method: str
         host.append(host_memory(problem, timing.timed(order.d2h + order.h2d)))
         busy += sum(timing.times[op][1] - timing.times[op][0] for op in ops if op.kind in COMPUTE_KINDS)
     makespan = timing.makespan
+    iteration = iteration_ms(problem, ((problem.stages[op.stage].device, op.kind, op.stage, s, e)
+                                       for op, (s, e) in timing.times.items()))
+    tokens, mfu = throughput(problem, iteration)
     return Plan(
         problem_key=problem_key or problem.key(),
         status=status,
@@ -212,6 +216,9 @@ def build_plan(problem: Problem, schedule: Schedule, timing: Timing, method: str
         offloaded_mib=offloaded_mib(problem, timing.choices),
         recompute_ms=recompute_ms(problem, timing.choices),
         host_memory_mib=host,
+        iteration_ms=iteration,
+        tokens_per_s_per_gpu=tokens,
+        mfu=mfu,
     )
 
 

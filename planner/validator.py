@@ -11,6 +11,7 @@ import math
 from collections import defaultdict
 
 from .contract import Plan, Problem
+from .iteration import iteration_ms, throughput
 from .memory import TimedOp, host_memory, memory_curve, offloaded_mib, recompute_ms
 from .ops import COMPUTE_KINDS, LANES, Lane, choices_from_ops, deps, duration, lane_of, op_of
 
@@ -137,6 +138,23 @@ def validate_plan(problem: Problem, plan: Plan, problem_key: str | None = None) 
             out.append(f"bubble_ratio is {plan.bubble_ratio:.6g}; the ops give {bubble:.6g}")
         if plan.lower_bound_ms > makespan and not close(plan.lower_bound_ms, makespan):
             out.append(f"lower_bound_ms {plan.lower_bound_ms:.6g} exceeds the makespan {makespan:.6g}")
+        out += _iteration_violations(problem, plan, valid)
+    return out
+
+
+def _iteration_violations(problem: Problem, plan: Plan, valid: list[tuple[int, TimedOp]]) -> list[str]:
+    """The whole-iteration figures the plan reports (when it reports them) against its ops."""
+    iteration = iteration_ms(problem, ((d, t.op.kind, t.op.stage, t.start, t.end) for d, t in valid))
+    tokens, mfu = throughput(problem, iteration)
+    out = []
+    for name, actual in (("iteration_ms", iteration), ("tokens_per_s_per_gpu", tokens), ("mfu", mfu)):
+        said = getattr(plan, name)
+        if said is None:
+            continue
+        if actual is None:
+            out.append(f"{name} is {said:.6g} but the problem has no workload to measure it by")
+        elif not close(said, actual):
+            out.append(f"{name} is {said:.6g}; the ops give {actual:.6g}")
     return out
 
 

@@ -130,7 +130,7 @@ def spec_memo(spec: dict[str, Any]) -> str:
 
 def check_spec(spec: dict[str, Any], limits: Limits) -> None:
     """Sizes of a raw spec, before anything is built (microseconds)."""
-    from pipeplan.planner.costmodel import check_spec_size
+    from pipeplan.planner.spec import check_spec_size
 
     try:
         check_spec_size(spec, limits)

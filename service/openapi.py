@@ -60,9 +60,9 @@ def _statuses(path: str, method: str, op: dict[str, Any]) -> list[int]:
 
 
 def _spec_schema(schema: dict[str, Any]) -> None:
-    """PlanRequest.spec: planner.costmodel.Spec's schema instead of an untyped object."""
+    """PlanRequest.spec: planner.spec.Spec's schema instead of an untyped object."""
     try:
-        from pipeplan.planner.costmodel import Spec
+        from pipeplan.planner.spec import Spec
     except ImportError:
         return
     defs = schema.setdefault("components", {}).setdefault("schemas", {})

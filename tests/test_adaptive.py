@@ -10,18 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pipeplan.planner import baselines
-from pipeplan.planner.adaptive import (
-    Proxy,
-    adaptive_problem,
-    bottleneck_partition,
-    device_balanced_partition,
-    plan_adaptive,
-    search,
-)
+from pipeplan.planner.adaptive import adaptive_problem, plan_adaptive, search
 from pipeplan.planner.bounds import MemoryInfeasibleError
 from pipeplan.planner.contract import Plan, Problem
-from pipeplan.planner.costmodel import Spec, build_problem, layer_costs, uniform_partition
+from pipeplan.planner.costmodel import build_problem, layer_costs
 from pipeplan.planner.documents import problem_from_document
+from pipeplan.planner.partition import (
+    Proxy,
+    bottleneck_partition,
+    device_balanced_partition,
+    uniform_partition,
+)
+from pipeplan.planner.spec import Spec
 from pipeplan.planner.validator import validate_plan
 from typer.testing import CliRunner
 
@@ -41,7 +41,7 @@ def small_doc(**training) -> dict:
 
 
 def megatron_default(spec: Spec) -> Plan:
-    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    costs = layer_costs(spec)
     problem = build_problem(spec, uniform_partition([c.type for c in costs], 8), "loop", 2, costs)
     return baselines.run_baseline(problem, "interleaved-1f1b")
 
@@ -77,17 +77,17 @@ def test_memory_limits_hold_for_every_candidate_and_infeasible_budgets_raise():
 
 def test_bottleneck_partition_keeps_the_memory_estimate_under_the_limit():
     spec = Spec.model_validate(small_doc(memory_budget_gib=12))
-    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    costs = layer_costs(spec)
     ranges = bottleneck_partition(spec, costs, "loop", 1)
     assert ranges is not None and ranges[-1][1] == len(costs)
     assert Proxy(spec, costs, "loop", 1).score(ranges)[0] == 0  # no memory excess in the estimate
     tiny = Spec.model_validate(small_doc(memory_budget_gib=1))
-    assert bottleneck_partition(tiny, layer_costs(tiny.model, tiny.hardware, tiny.training), "loop", 1) is None
+    assert bottleneck_partition(tiny, layer_costs(tiny), "loop", 1) is None
 
 
 def test_device_balancing_pairs_the_heavy_head_with_a_light_stage():
     spec = Spec.model_validate(small_doc())
-    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    costs = layer_costs(spec)
     start = uniform_partition([c.type for c in costs], 8)
     proxy = Proxy(spec, costs, "v", 2)
     ranges = device_balanced_partition(spec, costs, "v", 2, start)
@@ -145,7 +145,7 @@ def test_partitions_are_valid_and_refinement_never_worsens_the_proxy(layers, voc
         "model": {"layers": layers, "hidden": 512, "heads": 8, "vocab": vocab, "seq_len": 1024},
         "hardware": "A100-40GB",
         "training": {"devices": devices, "microbatches": 8, "memory_budget_gib": budget}})
-    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    costs = layer_costs(spec)
     proxy = Proxy(spec, costs, placement, 2)
     for start in (uniform_partition([c.type for c in costs], 2 * devices),
                   bottleneck_partition(spec, costs, placement, 2)):

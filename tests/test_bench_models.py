@@ -17,7 +17,7 @@ from pipeplan.planner.baselines import NAMES, DoesNotFit, run_baseline  # noqa: 
 from pipeplan.planner.documents import problem_from_document  # noqa: E402
 
 from bench.model_suite import SUITE, find  # noqa: E402
-from bench.models import header, offloaded_mib, rows_of  # noqa: E402
+from bench.models import condense, header, offloaded_mib, rows_of  # noqa: E402
 
 SMALL = "qwen2.5-3b-p8-tied"
 
@@ -88,3 +88,19 @@ def test_script_prints_and_resumes_its_table(tmp_path: Path) -> None:
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert again.returncode == 0 and "1 of 1 rows already there" in again.stderr
     assert out.read_text().count(f"| {SMALL}@100% |") == 1
+
+
+def test_condense_keeps_the_fastest_fitting_peer_and_ours() -> None:
+    head = header([10.0, 60.0])
+    cols = [c.strip() for c in head[0].strip("|").split("|")]
+    peers = {n: "n/a" for n in NAMES}
+    peers |= {"1f1b": "2,000", "zb-h1": "needs 90.0 GiB", "greedy": "1,500", "pipeoffload": "1,900"}
+    solved = ["r@100%", "8", "32", "loop", "20.0 GiB (100%)", *peers.values(),
+              "1,600 (0.1 s)", "1,550", "1,500*", "1,500", "0.0%", "1.27×", "0"]
+    infeasible = ["r@50%", "8", "32", "loop", "10.0 GiB (50%)", "infeasible: needs ≥ 12.0 GiB"]
+    infeasible += ["-"] * (len(cols) - len(infeasible))
+    table = "\n".join(head + ["| " + " | ".join(r) + " |" for r in (solved, infeasible)])
+    lines = condense(table).splitlines()
+    assert lines[2] == "| r@100% | 20.0 GiB (100%) | pipeoffload 1,900 | 1,600 (0.1 s) | 1,550 | 1,500* | 1,500 |" \
+                       " 0.0% | 1.27× | 0 |"
+    assert lines[3].startswith("| r@50% | 10.0 GiB (50%) | infeasible: needs ≥ 12.0 GiB |")

@@ -9,16 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pipeplan.planner.contract import Problem, error_messages
-from pipeplan.planner.costmodel import (
-    HARDWARE,
-    Spec,
-    balanced_partition,
-    build_problem,
-    layer_costs,
-    stage_device,
-    uniform_partition,
-)
+from pipeplan.planner.costmodel import build_problem, layer_costs
 from pipeplan.planner.documents import problem_from_document
+from pipeplan.planner.partition import balanced_partition, stage_device, uniform_partition
+from pipeplan.planner.spec import HARDWARE, Spec
 from pydantic import ValidationError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,18 +72,18 @@ def test_narayanan_and_korthikanti_formulas_exactly():
            "hardware": "A100-80GB",
            "training": {"devices": 2, "microbatches": 4, "flash_attention": False}}
     spec = Spec.model_validate(doc)
-    dense = next(c for c in layer_costs(spec.model, spec.hardware, spec.training) if c.type == "dense")
+    dense = next(c for c in layer_costs(spec) if c.type == "dense")
     assert dense.flops == 24 * b * s * h * h + 4 * b * s * s * h
     assert dense.activation_bytes == s * b * h * (34 + 5 * a * s / h)
     assert dense.weight_grad_bytes == 32 * s * b * h  # Zero Bubble Table 1
     doc["training"]["flash_attention"] = True
     spec = Spec.model_validate(doc)
-    dense = next(c for c in layer_costs(spec.model, spec.hardware, spec.training) if c.type == "dense")
+    dense = next(c for c in layer_costs(spec) if c.type == "dense")
     assert dense.activation_bytes == 34 * s * b * h
 
 
 def test_balanced_counts_embedding_and_head():
-    doc = json.loads((SPECS / "gemma_like_8xh100.json").read_text())
+    doc = json.loads((SPECS / "gemma_like_64xh100.json").read_text())
     doc["partition"] = "uniform"
     uni = problem_from_document(doc)
     doc["partition"] = "balanced"
@@ -140,7 +134,7 @@ def test_profiled_numbers_replace_estimates():
                              {"type": "dense", "forward_ms": 7.0, "activation_mib": 100.0}]
     doc["partition"] = "balanced"
     spec = Spec.model_validate(doc)
-    costs = layer_costs(spec.model, spec.hardware, spec.training)
+    costs = layer_costs(spec)
     assert costs[32].forward_ms == 7.0 and costs[32].activation_bytes == 100 * MIB
     assert costs[32].backward_input_ms == pytest.approx(costs[31].backward_input_ms)  # estimate kept
 

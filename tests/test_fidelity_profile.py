@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch")
 
 from pipeplan.planner.contract import Problem
-from pipeplan.planner.costmodel import Spec
+from pipeplan.planner.spec import Spec
 from typer.testing import CliRunner
 
 from pipeplan.cli import app

@@ -13,12 +13,12 @@ from pipeplan.planner.baselines import best_heuristic
 from pipeplan.planner.baselines.classic import gpipe_orders
 from pipeplan.planner.baselines.common import DoesNotFit, Outcome, better, evaluate, peaks_of, schedule_of
 from pipeplan.planner.contract import Plan, Problem
-from pipeplan.planner.costmodel import spec_from_document
 from pipeplan.planner.documents import problem_from_spec
 from pipeplan.planner.memory import TimedOp, peak_memory
 from pipeplan.planner.ops import Choice, Kind
 from pipeplan.planner.simulator import Timing, build_plan, simulate
 from pipeplan.planner.solver.incumbent import Incumbent
+from pipeplan.planner.spec import spec_from_document
 from pipeplan.planner.transfers import HEADROOM, prune, prune_plan
 from pipeplan.planner.validator import validate_plan
 

@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         from pipeplan.planner.adaptive import plan_adaptive
         from pipeplan.planner.bounds import MemoryInfeasibleError
         from pipeplan.planner.contract import error_messages
-        from pipeplan.planner.costmodel import Spec, is_problem_document
+        from pipeplan.planner.spec import Spec, is_problem_document
         from pipeplan.settings import get_settings
 
         if time_limit <= 0:
@@ -52,8 +52,11 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"optimizer on {run['candidate']} ({run['schedule']}): {run['heuristic_ms']:.2f}"
                        f" -> {run['solver_ms']:.2f} ms [{run['status']}, {run['seconds']} s]", err=True)
         best = result.best
-        typer.echo(f"chosen: {best.label}, {result.plan.makespan_ms:.2f} ms per iteration, peak"
-                   f" {max(result.plan.peak_memory_mib):.0f} MiB, partition {best.partition}"
+        plan = result.plan
+        job = (f", iteration {plan.iteration_ms:.2f} ms, {plan.tokens_per_s_per_gpu:,.0f} tokens/s/GPU,"
+               f" MFU {plan.mfu:.1%}" if plan.tokens_per_s_per_gpu is not None else "")
+        typer.echo(f"chosen: {best.label}, pipeline {plan.makespan_ms:.2f} ms{job}, peak"
+                   f" {max(plan.peak_memory_mib):.0f} MiB per GPU, partition {best.partition}"
                    f" ({result.elapsed_s:.1f} s)", err=True)
         # The plan is keyed by the *chosen* problem (its partition), not by the spec: without that
         # problem nobody can validate, render or export it, so it goes beside the plan by default.

@@ -38,8 +38,8 @@ def profile_cmd(
         bad_input("pipeplan profile needs torch: pip install -e '.[torch]'")
     from pydantic import ValidationError
 
-    from pipeplan.planner.costmodel import Spec
     from pipeplan.planner.documents import problem_from_spec
+    from pipeplan.planner.spec import Spec
 
     if ":" not in factory:
         bad_input(f"MODULE:FUNCTION: expected e.g. mymodels.small:layers, got {factory!r}")

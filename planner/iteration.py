@@ -1,0 +1,58 @@
+"""The whole training iteration around a pipeline schedule: gradient reduction, optimizer step,
+and what the iteration's time is worth in tokens/s per GPU and MFU.
+
+Why: a pipeline schedule is not the iteration. With data parallelism each stage's gradients are
+reduced once its last weight gradient (W, or BW) is done; the reductions of one device run one after
+another on that device's reduce lane, beside whatever compute is left, in the order their stages
+finish; the device's optimizer step follows its last reduction (and its last op). The iteration
+ends when the last optimizer step does. A schedule that finishes a stage's weight gradients early
+hides that stage's reduction behind later compute; one that pushes every W to the end exposes it.
+
+This is the rule the simulator times plans by and the validator checks them against; the lower
+bounds and the solvers' objective can use `iteration_end` with their own per-stage ready times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .contract import Problem
+from .ops import Kind
+
+
+def iteration_end(problem: Problem, stage_ready: list[float], device_done: list[float]) -> float:
+    """When the last optimizer step ends, given when each stage's last weight gradient ends
+    (`stage_ready`) and when each device's last op ends (`device_done`)."""
+    end = 0.0
+    for d in range(problem.num_devices):
+        lane = 0.0
+        for k in sorted(problem.stages_of(d), key=lambda k: (stage_ready[k], k)):
+            reduce = problem.reduce_of(k)
+            if reduce > 0:
+                lane = max(lane, stage_ready[k]) + reduce
+        end = max(end, max(lane, device_done[d]) + problem.optimizer_of(d))
+    return end
+
+
+def iteration_ms(problem: Problem, ops: Iterable[tuple[int, Kind, int, float, float]]) -> float:
+    """The iteration of a timed plan: `ops` are (device, kind, stage, start, end) of every op."""
+    ready = [0.0] * problem.num_stages
+    done = [0.0] * problem.num_devices
+    start = None
+    for device, kind, stage, s, e in ops:
+        start = s if start is None else min(start, s)
+        done[device] = max(done[device], e)
+        if kind in (Kind.W, Kind.BW):
+            ready[stage] = max(ready[stage], e)
+    if start is None:
+        return 0.0
+    return iteration_end(problem, ready, done) - start
+
+
+def throughput(problem: Problem, iteration: float) -> tuple[float | None, float | None]:
+    """(tokens/s per GPU, MFU) of an iteration of `iteration` ms; None without a workload."""
+    w = problem.workload
+    if w is None or iteration <= 0:
+        return None, None
+    seconds = iteration / 1e3
+    return w.tokens / seconds / w.gpus, w.model_flops / seconds / w.gpus / (w.peak_tflops * 1e12)

@@ -1,0 +1,102 @@
+"""The whole iteration: each stage's gradient reduction after its last weight gradient on the device's
+reduce lane, then the device's optimizer step; timed by the simulator, checked by the validator,
+reported by every plan made from a spec (a peer's too)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pipeplan.planner.baselines import run_baseline
+from pipeplan.planner.contract import Device, Problem, Stage, Workload
+from pipeplan.planner.documents import problem_from_document
+from pipeplan.planner.iteration import iteration_end
+from pipeplan.planner.validator import validate_plan
+from typer.testing import CliRunner
+
+from pipeplan.cli import app
+
+
+def two_stage(reduce: tuple[float, float] | None, optimizer: tuple[float, float] | None = None,
+              workload: Workload | None = None) -> Problem:
+    """2 devices, 1 stage each, 2 microbatches, F = B = W = 1, no link cost."""
+    stages = [Stage(device=d, forward_ms=1, backward_input_ms=1, backward_weight_ms=1, activation_mib=1,
+                    reduce_ms=None if reduce is None else reduce[d]) for d in range(2)]
+    devices = [Device(optimizer_ms=None if optimizer is None else optimizer[d]) for d in range(2)]
+    return Problem(num_devices=2, num_microbatches=2, stages=stages, devices=devices, workload=workload)
+
+
+def test_without_reductions_the_iteration_is_the_pipeline():
+    plan = run_baseline(two_stage(None), "1f1b")
+    assert plan.iteration_ms == plan.makespan_ms
+    assert plan.tokens_per_s_per_gpu is None and plan.mfu is None
+
+
+def test_reduction_and_optimizer_follow_each_stage_and_device_by_hand():
+    """Each device: its stage's reduction starts when the stage's last W/BW ends, its optimizer step
+    when that reduction and the device's last op are done; the iteration is the latest step's end."""
+    problem = two_stage((5.0, 1.0), (0.5, 0.25))
+    plan = run_baseline(problem, "1f1b")
+    ends = {}
+    for dp in plan.devices:
+        for op in dp.ops:
+            if op.kind in ("W", "BW"):
+                ends[op.stage] = max(ends.get(op.stage, 0.0), op.end_ms)
+    done = [max(op.end_ms for op in dp.ops) for dp in sorted(plan.devices, key=lambda d: d.device)]
+    expected = max(max(done[0], ends[0] + 5.0) + 0.5, max(done[1], ends[1] + 1.0) + 0.25)
+    assert plan.iteration_ms == pytest.approx(expected)
+    assert plan.iteration_ms > plan.makespan_ms  # stage 0 finishes last and reduces after it
+    assert validate_plan(problem, plan) == []
+    assert any("iteration_ms" in v for v in validate_plan(problem, plan.model_copy(update={"iteration_ms": 1.0})))
+
+
+def test_the_reduce_lane_serialises_a_devices_stages_in_the_order_they_finish():
+    problem = Problem(num_devices=1, num_microbatches=1, stages=[
+        Stage(device=0, forward_ms=1, backward_input_ms=1, backward_weight_ms=1, activation_mib=1, reduce_ms=r)
+        for r in (4.0, 4.0)], devices=[Device()])
+    # stage 1 finishes its W at 3, stage 0 at 10: reductions 3->7 and 10->14, not 7->11 then 11->15
+    assert iteration_end(problem, [10.0, 3.0], [10.0]) == 14.0
+    # both ready at 3: one after the other on the one lane
+    assert iteration_end(problem, [3.0, 3.0], [3.0]) == 11.0
+
+
+def test_early_weight_gradients_hide_the_reduction():
+    """The same pipeline, 1F1B (weight gradients with each backward) against GPipe (all backwards at
+    the end): 1F1B finishes stage 0's last W no later, so its exposed tail is no longer."""
+    problem = two_stage((3.0, 3.0))
+    one = run_baseline(problem, "1f1b")
+    tail_one = one.iteration_ms - one.makespan_ms
+    gpipe = run_baseline(problem, "gpipe")
+    assert tail_one <= gpipe.iteration_ms - gpipe.makespan_ms + 1e-9
+
+
+def test_throughput_and_mfu_from_the_workload():
+    workload = Workload(tokens=4096, gpus=16, model_flops=1e15, peak_tflops=1000)
+    plan = run_baseline(two_stage((0.0, 0.0), workload=workload), "1f1b")
+    seconds = plan.iteration_ms / 1e3
+    assert plan.tokens_per_s_per_gpu == pytest.approx(4096 / seconds / 16)
+    assert plan.mfu == pytest.approx(1e15 / seconds / 16 / 1e15)
+
+
+def test_new_fields_enter_the_key_only_when_set():
+    assert two_stage(None).key() == two_stage(None).model_copy().key()
+    base = two_stage(None).canonical_json()
+    assert "reduce_ms" not in base and "optimizer_ms" not in base and "workload" not in base
+    assert two_stage((1.0, 1.0)).key() != two_stage(None).key()
+
+
+def test_a_peer_plan_from_a_spec_reports_the_iteration(tmp_path):
+    spec = {"model": {"layers": 8, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 2048},
+            "hardware": "H100-80GB", "precision": "bf16", "parallel": {"tp": 2, "gpus": 32},
+            "training": {"devices": 4, "microbatches": 8}}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(app, ["baseline", "1f1b", str(path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(out.read_text())
+    problem = problem_from_document(spec)
+    assert plan["iteration_ms"] > plan["makespan_ms"] > 0
+    assert plan["tokens_per_s_per_gpu"] == pytest.approx(
+        problem.workload.tokens / (plan["iteration_ms"] / 1e3) / 32)
+    assert 0 < plan["mfu"] < 1
