@@ -188,14 +188,21 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
     def proven() -> bool:
         return inc.plan is not None and inc.makespan <= max(lb, memory_lb) + EPS_MS
 
-    seeding = threading.Thread(target=_seed, args=(problem, key, hint, inc, notes, stop, deadline), daemon=True)
+    def in_budget(margin_s: float = 0.0) -> bool:
+        """Wall-clock time left. A deterministic solve ignores the wall clock (its CP-SAT budget is
+        deterministic time), so what it finds does not depend on how loaded the machine is."""
+        return deterministic or time.monotonic() < deadline - margin_s
+
+    seeding_deadline = float("inf") if deterministic else deadline
+    seeding = threading.Thread(target=_seed, args=(problem, key, hint, inc, notes, stop, seeding_deadline),
+                               daemon=True)
     seeding.start()
     while seeding.is_alive():  # a big problem's baselines take seconds: keep honouring stop and the budget
         seeding.join(timeout=0.05)
         if stopped() and inc.plan is not None:
             notes.append("stopped while seeding")
             break
-        if time.monotonic() >= deadline and inc.plan is not None:
+        if not in_budget() and inc.plan is not None:
             notes.append("budget spent while seeding")  # the thread ends before its next baseline
             break
     seed_method = inc.plan.method if inc.plan else "none"
@@ -204,16 +211,17 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
     chosen = engine if engine != "auto" else ("auto" if pairs <= LNS_PAIRS else "lns")
     solver_bound: float | None = memory_lb if memory_lb > lb else None
     engine_proved = False
-    if inc.plan is not None and not proven() and not stopped() and time.monotonic() < deadline - 1.0:
+    if inc.plan is not None and not proven() and not stopped() and in_budget(1.0):
         # in a thread joined up to the deadline: one engine run, or validating its plan, can take
         # seconds on big problems, and a late offer is ignored once the incumbent is closed
         widen = threading.Thread(target=_widen_greedy, daemon=True, args=(
-            problem, key, inc, lambda: not stopped() and time.monotonic() < deadline - 1.0, notes))
+            problem, key, inc, lambda: not stopped() and in_budget(1.0), notes))
         widen.start()
-        widen.join(timeout=max(0.0, deadline - time.monotonic()))
-    if not proven() and not stopped() and time.monotonic() < deadline:
-        bound, engine_proved = _run_engine(chosen, problem, inc, scale, deadline, stop, workers, seed,
-                                           deterministic, notes)
+        widen.join(timeout=None if deterministic else max(0.0, deadline - time.monotonic()))
+    if not proven() and not stopped() and in_budget():
+        budget_s = time_limit_s if deterministic else deadline - time.monotonic()
+        bound, engine_proved = _run_engine(chosen, problem, inc, scale, budget_s, deadline, stop, workers,
+                                           seed, deterministic, notes)
         if bound is not None:
             solver_bound = max(bound, solver_bound or 0.0)
     inc.close()
@@ -239,11 +247,11 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
                        outcome=outcome)
 
 
-def _run_engine(engine: str, problem: Problem, inc: Incumbent, scale, deadline: float,
+def _run_engine(engine: str, problem: Problem, inc: Incumbent, scale, remaining: float, deadline: float,
                 stop: threading.Event | None, workers: int, seed: int, deterministic: bool,
                 notes: list[str]) -> tuple[float | None, bool]:
-    """Run `engine` until the deadline; return (solver bound in ms or None, proven optimal)."""
-    remaining = deadline - time.monotonic()
+    """Run `engine` for `remaining` s (CP-SAT) or until the deadline (LNS, MILP); return (solver
+    bound in ms or None, proven optimal)."""
     if remaining <= 0.05:
         return None, False
     if engine in ("cpsat", "auto"):
