@@ -174,7 +174,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if exc.name != "pipeplan.service.dashboard":
             raise
     else:
-        from . import dashboard_frontier  # builds on the dashboard: /dashboard/frontiers/{key}
+        from .dashboard import frontier as dashboard_frontier  # builds on the dashboard: /dashboard/frontiers/{key}
 
         app.include_router(dashboard.router)
         app.include_router(dashboard_frontier.router)

@@ -2,7 +2,7 @@
 
 Pages are plain `def` endpoints (blocking SQL runs in the thread pool). The browser keeps one
 EventSource open; each event makes it re-fetch only the server-rendered fragment that changed (one
-overview row, or the plan panels), so all rendering lives in the templates and `dashboard_views`.
+overview row, or the plan panels), so all rendering lives in the templates and `views`.
 
 The app factory includes `router` when this module imports; everything it needs from the app is
 read from `app.state.pipeplan` (the service's ServiceState: repository, event hub, settings) by
@@ -30,17 +30,17 @@ from fastapi.templating import Jinja2Templates
 from pipeplan.planner.contract import Plan, Problem
 from starlette.concurrency import run_in_threadpool
 
-from . import dashboard_data as data
-from . import dashboard_traces, exports_cache, heap
-from . import dashboard_views as views
-from .admission import stream_admitted
-from .errors import MAX_PAGE, MAX_REVISION, ApiError, reject_nul
-from .flight import single_flight
-from .frontier_store import FrontierStore
-from .models import JOB_STATES
+from .. import exports_cache, heap
+from ..admission import stream_admitted
+from ..errors import MAX_PAGE, MAX_REVISION, ApiError, reject_nul
+from ..flight import single_flight
+from ..frontier_store import FrontierStore
+from ..models import JOB_STATES
+from . import data, views
+from . import traces as dashboard_traces
 
 PREFIX = "/dashboard"
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent  # service/: templates/ and static/ stay there
 STATIC_DIR = HERE / "static" / "dashboard"
 STATIC_FILES = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
 PER_PAGE_CHOICES = (25, 50, 100, 200)
@@ -345,7 +345,7 @@ async def _build_baselines(request: Request, key: str, problem: Problem) -> None
     beside the exports; then load it. Without a service (a bare dashboard app) it is computed on
     first read in the thread pool instead. A table that failed or timed out is noted, not retried
     until the process restarts."""
-    from . import inline
+    from .. import inline
 
     settings = _state_attr(request, "settings")
     if settings is None or _baselines_known(request, key, problem):

@@ -13,9 +13,9 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse
 from pipeplan.planner.frontier import chart_window, off_chart_note, x_label
 
-from .dashboard import PREFIX, _ctx, _repo, gated, templates
-from .dashboard_views import _n, _tick_label, _ticks, nice_step
-from .frontier_store import FrontierStore
+from ..frontier_store import FrontierStore
+from . import PREFIX, _ctx, _repo, gated, templates
+from .views import _n, _tick_label, _ticks, nice_step
 
 # its own router, included by the app factory beside the dashboard's: this module builds on
 # service.dashboard, which therefore does not import it (imports point one way)
