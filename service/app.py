@@ -1,13 +1,12 @@
 """App factory: `create_app(settings)` builds the FastAPI app; all I/O starts in the lifespan.
 
 Errors reach clients as JSON `{"error": code, "message": sentence, ...}`; never a stack trace.
-The dashboard (service/dashboard.py, a router) is included when present.
+The dashboard (service/dashboard/) serves the cache's pages beside the API.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -26,7 +25,7 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from pipeplan.settings import Settings, get_settings
 
-from . import api, frontier_api, openapi, traces
+from . import api, dashboard, frontier_api, openapi, traces
 from .errors import CatchAllMiddleware, error_responses
 from .bodies import BodyMiddleware
 from .metrics import Metrics, MetricsMiddleware, StateCollector
@@ -167,28 +166,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    home_url = "/docs"
-    try:  # the dashboard helper's router, when present
-        dashboard = importlib.import_module("pipeplan.service.dashboard")
-    except ModuleNotFoundError as exc:
-        if exc.name != "pipeplan.service.dashboard":
-            raise
-    else:
-        from .dashboard import frontier as dashboard_frontier  # builds on the dashboard: /dashboard/frontiers/{key}
-
-        app.include_router(dashboard.router)
-        app.include_router(dashboard_frontier.router)
-        home_url = "/dashboard/"
-        mount = getattr(dashboard, "mount", None)
-        if callable(mount):
-            mount(app)
+    dashboard.install(app)
 
     openapi.install(app)
 
     @app.get("/", include_in_schema=False)
     async def home() -> RedirectResponse:
-        """Newcomers land on the dashboard (the API docs when it is not installed)."""
-        return RedirectResponse(home_url, status_code=307)
+        """Newcomers land on the dashboard."""
+        return RedirectResponse("/dashboard/", status_code=307)
 
     # gzip for clients that ask (plans, pages); SSE and already-encoded exports pass through untouched.
     # Level 6: most of level 9's ratio on JSON at a fraction of the CPU; bodies over 128 KiB are
