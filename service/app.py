@@ -25,7 +25,7 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from pipeplan.settings import Settings, get_settings
 
-from . import api, dashboard, frontier_api, openapi, traces
+from . import api, dashboard, frontier_api, openapi, trace_api
 from .errors import CatchAllMiddleware, error_responses
 from .bodies import BodyMiddleware
 from .metrics import Metrics, MetricsMiddleware, StateCollector
@@ -90,7 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.pipeplan = state
     app.include_router(api.router)
     app.include_router(frontier_api.router)  # /v1/frontiers (docs/frontier.md)
-    app.include_router(traces.router)  # /v1/plans/{key}/traces (docs/trace.md)
+    app.include_router(trace_api.router)  # /v1/plans/{key}/traces (docs/trace.md)
 
     @app.exception_handler(api.ApiError)
     async def _api_error(request: Request, exc: api.ApiError):
