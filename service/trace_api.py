@@ -23,9 +23,9 @@ from starlette.concurrency import run_in_threadpool
 from . import api
 from .admission import rate_limited
 from .errors import MAX_REVISION, ApiError
-from .repository import TraceInfo, TraceStore
 from .security import require_read, require_write
 from .state import ServiceState
+from .trace_store import TraceInfo, TraceStore
 
 log = logging.getLogger("pipeplan.api")
 router = APIRouter(prefix="/v1", tags=["traces"])
