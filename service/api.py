@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from . import exports_cache, inline
 from .admission import check_queue_share, rate_limited, stream_admitted
 from .deps import StateDep
-from .errors import MAX_OFFSET, MAX_REVISION, ApiError, reject_nul
+from .errors import MAX_OFFSET, MAX_REVISION, ApiError, NothingToStream, reject_nul
 from .events import job_message
 from .flight import single_flight
 from .models import ACTIVE_STATES, CANCELLED, JOB_STATES, QUEUED
@@ -374,11 +374,6 @@ async def known_key(key: str, st: StateDep) -> str:
 
 
 REVISION_ID = re.compile(r"^[0-9]{1,10}$")  # ASCII digits only (str.isdigit() also takes "²" and "٣")
-
-
-class NothingToStream(Exception):
-    """The key's job is over and the client has every revision: answered 204, which tells an
-    EventSource to stop reconnecting (the HTML standard's way to end a stream for good)."""
 
 
 def resume_after(last_event_id: str = Header(  # "" is no header (a str, not nullable: a header cannot be null)
