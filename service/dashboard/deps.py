@@ -7,12 +7,12 @@ the pages also run in a bare app that holds only a repository and a hub (tests/d
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 from urllib.parse import unquote
 
 from fastapi import Depends, HTTPException, Request
 
+from ..security import key_ok, presented_key
 from . import data
 
 KEY_COOKIE = "pipeplan_api_key"
@@ -29,13 +29,8 @@ def require_read_key(request: Request) -> None:
     keys = list(getattr(settings, "api_keys", None) or [])
     if not keys or not getattr(settings, "read_requires_key", False):
         return
-    auth = request.headers.get("authorization", "")
-    presented = (auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key")) \
-        or unquote(request.cookies.get(KEY_COOKIE) or "") or None
-    ok = False
-    for key in keys:  # constant time, no early exit
-        ok |= presented is not None and hmac.compare_digest(presented.encode(), key.encode())
-    if not ok:
+    presented = presented_key(request) or unquote(request.cookies.get(KEY_COOKIE) or "") or None
+    if not key_ok(presented, keys):
         raise KeyRequired()
 
 
