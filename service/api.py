@@ -423,7 +423,6 @@ async def stream_start(key: str, st: StateDep, after: int | None = Depends(resum
             dependencies=[Depends(require_read), Depends(known_key), Depends(stream_admitted)])
 async def events(key: str, request: Request, st: StateDep, summary: bool = False, follow: bool = False,
                  start_after: int | None = Depends(stream_start)):
-
     def full(revision: int, plan_json: str) -> ServerSentEvent:
         return ServerSentEvent(raw_data=plan_json, event="revision", id=str(revision))
 

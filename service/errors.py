@@ -1,4 +1,5 @@
-"""The one error shape every 4xx/5xx of the API carries, and helpers to raise and document it.
+"""The one error shape every 4xx/5xx of the API carries: helpers to raise and document it, and the
+handlers that answer every exception in it (`install(app)`, `CatchAllMiddleware`).
 
 Clients parse `{"error": code, "message": sentence, ...}` whatever went wrong, so the OpenAPI
 document describes exactly that body (ErrorBody) for every status a route can answer, and the
