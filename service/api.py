@@ -23,7 +23,8 @@ from starlette.concurrency import run_in_threadpool
 
 from . import exports_cache, inline
 from .admission import check_queue_share, rate_limited, stream_admitted
-from .errors import MAX_OFFSET, MAX_REVISION, ApiError, reject_nul
+from .deps import StateDep
+from .errors import MAX_OFFSET, MAX_REVISION, ApiError, NothingToStream, reject_nul
 from .events import job_message
 from .flight import single_flight
 from .models import ACTIVE_STATES, CANCELLED, JOB_STATES, QUEUED
@@ -37,10 +38,6 @@ log = logging.getLogger("pipeplan.api")
 KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 
 router = APIRouter(prefix="/v1", tags=["plans"])
-
-
-def state_of(request: Request) -> ServiceState:
-    return request.app.state.pipeplan
 
 
 # -- request / response models (they make the OpenAPI document readable) ------------------------------
@@ -228,8 +225,7 @@ def _submit_job(body: PlanRequest, st: ServiceState, budget: float, owner: str) 
              responses={201: {"model": PlanEnvelope, "description": "Cache miss: first plan computed and stored"},
                         422: {"description": "Invalid input or infeasible memory budget"}},
              dependencies=[Depends(require_write), Depends(rate_limited)])
-async def submit(body: PlanRequest, request: Request) -> Response:
-    st = state_of(request)
+async def submit(body: PlanRequest, request: Request, st: StateDep) -> Response:
     s = st.settings
     budget = refine_budget(st, body.time_budget_s)
     key: str | None = None
@@ -325,13 +321,12 @@ def _plan_response(best: BestPlan, if_none_match: str | None) -> Response:
                        304: {"description": "Not modified (If-None-Match)"}, 404: {"description": "Unknown key"}},
             dependencies=[Depends(require_read)])
 async def get_plan(
-    key: str, request: Request,
+    key: str, st: StateDep,
     min_revision: int | None = Query(None, ge=1, le=MAX_REVISION, description="Wait until this revision exists..."),
     wait: float = Query(0.0, ge=0, description="...for at most this many seconds (capped by settings)."),
     if_none_match: str | None = Header(None),
 ) -> Response:
     check_key(key)
-    st = state_of(request)
     best = await st.best(key)
     if best is None:
         raise ApiError(404, "not_found", f"no plan cached for key {key}")
@@ -350,10 +345,10 @@ async def get_plan(
 
 @router.get("/plans/{key}/revisions/{revision}", summary="One stored revision (plan v1)",
             dependencies=[Depends(require_read)])
-def get_revision(key: str, request: Request,
+def get_revision(key: str, st: StateDep,
                  revision: int = Path(ge=1, le=MAX_REVISION, description="Revision number")) -> Response:
     check_key(key)
-    plan = state_of(request).repo.revision_plan(key, revision)
+    plan = st.repo.revision_plan(key, revision)
     if plan is None:
         raise ApiError(404, "not_found", f"no revision {revision} for key {key}")
     return Response(plan, media_type="application/json")
@@ -361,29 +356,24 @@ def get_revision(key: str, request: Request,
 
 @router.get("/plans/{key}/problem", summary="The normalized problem (problem v1) of a key",
             dependencies=[Depends(require_read)])
-def get_problem(key: str, request: Request) -> Response:
+def get_problem(key: str, st: StateDep) -> Response:
     check_key(key)
-    problem = state_of(request).repo.get_problem(key)
+    problem = st.repo.get_problem(key)
     if problem is None:
         raise ApiError(404, "not_found", f"no problem stored for key {key}")
     return Response(problem.model_dump_json(), media_type="application/json")
 
 
 # -- SSE ------------------------------------------------------------------------------------------
-async def known_key(key: str, request: Request) -> str:
+async def known_key(key: str, st: StateDep) -> str:
     """Dependency: 404 before a stream starts (an error inside the generator would be too late)."""
     check_key(key)
-    if await state_of(request).best(key) is None:
+    if await st.best(key) is None:
         raise ApiError(404, "not_found", f"no plan cached for key {key}")
     return key
 
 
 REVISION_ID = re.compile(r"^[0-9]{1,10}$")  # ASCII digits only (str.isdigit() also takes "²" and "٣")
-
-
-class NothingToStream(Exception):
-    """The key's job is over and the client has every revision: answered 204, which tells an
-    EventSource to stop reconnecting (the HTML standard's way to end a stream for good)."""
 
 
 def resume_after(last_event_id: str = Header(  # "" is no header (a str, not nullable: a header cannot be null)
@@ -408,10 +398,9 @@ async def _job(st: ServiceState, key: str) -> tuple[bool, JobInfo | None]:
     return job is not None and job.state in ACTIVE_STATES, job
 
 
-async def stream_start(key: str, request: Request, after: int | None = Depends(resume_after),
+async def stream_start(key: str, st: StateDep, after: int | None = Depends(resume_after),
                        follow: bool = False) -> int | None:
     """Dependency: the resume point, or 204 when there is nothing left to send (see NothingToStream)."""
-    st = state_of(request)
     if after is not None and not follow:
         best = await st.best(key)
         if best is not None and after >= best.revision and not (await _job(st, key))[0]:
@@ -432,10 +421,8 @@ async def stream_start(key: str, request: Request, after: int | None = Depends(r
             " reconnecting). `?follow=true` keeps the stream open for later refine runs instead.",
             responses={204: {"description": "The job is over and the client has every revision"}},
             dependencies=[Depends(require_read), Depends(known_key), Depends(stream_admitted)])
-async def events(key: str, request: Request, summary: bool = False, follow: bool = False,
+async def events(key: str, request: Request, st: StateDep, summary: bool = False, follow: bool = False,
                  start_after: int | None = Depends(stream_start)):
-    st = state_of(request)
-
     def full(revision: int, plan_json: str) -> ServerSentEvent:
         return ServerSentEvent(raw_data=plan_json, event="revision", id=str(revision))
 
@@ -509,9 +496,9 @@ async def events(key: str, request: Request, summary: bool = False, follow: bool
 # -- revisions / refine / cancel / job --------------------------------------------------------------
 @router.get("/plans/{key}/revisions", response_model=RevisionList, summary="Revision history (no bodies)",
             dependencies=[Depends(require_read)])
-def revisions(key: str, request: Request) -> RevisionList:
+def revisions(key: str, st: StateDep) -> RevisionList:
     check_key(key)
-    revs = state_of(request).repo.revisions(key)
+    revs = st.repo.revisions(key)
     if not revs:
         raise ApiError(404, "not_found", f"no plan cached for key {key}")
     return RevisionList(problem_key=key, revisions=[RevisionInfo(**r) for r in revs])
@@ -520,9 +507,8 @@ def revisions(key: str, request: Request) -> RevisionList:
 @router.post("/plans/{key}/refine", response_model=JobEnvelope, status_code=202,
              summary="Refine further, warm-started from the best stored plan",
              dependencies=[Depends(require_write)])
-def refine(key: str, request: Request, body: RefineRequest | None = None) -> JobEnvelope:
+def refine(key: str, request: Request, st: StateDep, body: RefineRequest | None = None) -> JobEnvelope:
     check_key(key)
-    st = state_of(request)
     budget = refine_budget(st, body.time_budget_s if body else None)
     if st.repo.best_revision(key) is None:
         raise ApiError(404, "not_found", f"no plan cached for key {key}")
@@ -539,9 +525,8 @@ def refine(key: str, request: Request, body: RefineRequest | None = None) -> Job
 @router.post("/plans/{key}/cancel", response_model=JobEnvelope, status_code=202,
              summary="Cancel the refine job (a solving run stops within a second or two)",
              dependencies=[Depends(require_write)])
-def cancel(key: str, request: Request) -> JobEnvelope:
+def cancel(key: str, st: StateDep) -> JobEnvelope:
     check_key(key)
-    st = state_of(request)
     job = st.repo.request_cancel(key)
     if job is None:
         raise ApiError(404, "not_found", f"no job for key {key}")
@@ -552,9 +537,9 @@ def cancel(key: str, request: Request) -> JobEnvelope:
 
 @router.get("/plans/{key}/job", response_model=JobView, summary="Refine job state",
             dependencies=[Depends(require_read)])
-def job(key: str, request: Request) -> JobView:
+def job(key: str, st: StateDep) -> JobView:
     check_key(key)
-    info = state_of(request).repo.job(key)
+    info = st.repo.job(key)
     if info is None:
         raise ApiError(404, "not_found", f"no job for key {key}")
     return job_view(info)
@@ -564,7 +549,7 @@ def job(key: str, request: Request) -> JobView:
 @router.get("/plans", response_model=PlanPage, summary="Paginated cache listing with summary fields",
             dependencies=[Depends(require_read)])
 def list_plans(
-    request: Request,
+    st: StateDep,
     offset: int = Query(0, ge=0, le=MAX_OFFSET), limit: int = Query(50, ge=1, le=500),
     sort: Literal["updated_at", "created_at", "makespan_ms", "num_devices", "num_microbatches", "revision",
                   "bubble_ratio", "gap", "speedup"] = "updated_at",
@@ -573,7 +558,7 @@ def list_plans(
     job_state: JobState | None = None,
 ) -> PlanPage:
     reject_nul("q", q)
-    items, total = state_of(request).repo.list_plans(offset, limit, sort, order == "desc", q, job_state)
+    items, total = st.repo.list_plans(offset, limit, sort, order == "desc", q, job_state)
     return PlanPage(items=[PlanSummary(**i) for i in items], total=total, offset=offset, limit=limit)
 
 
@@ -582,10 +567,9 @@ def list_plans(
 _building: dict[str, asyncio.Future] = {}  # cache path -> the build in flight (single flight per file)
 
 
-async def _export(request: Request, key: str, revision: int | None, kind: str, if_none_match: str | None,
+async def _export(st: ServiceState, key: str, revision: int | None, kind: str, if_none_match: str | None,
                   accept_encoding: str | None) -> Response:
     check_key(key)
-    st = state_of(request)
     best = await st.best(key)
     if best is None:
         raise ApiError(404, "not_found", f"no plan cached for key {key}")
@@ -601,13 +585,13 @@ async def _export(request: Request, key: str, revision: int | None, kind: str, i
     if path.exists():
         st.metrics.export_cache.labels(kind, "hit").inc()
     else:
-        await _build_export(st, request, key, revision, kind, path)
+        await _build_export(st, key, revision, kind, path)
     if "gzip" in (accept_encoding or "").lower():
         return FileResponse(path, media_type=media_type, headers={**headers, "Content-Encoding": "gzip"})
     return StreamingResponse(exports_cache.gunzip_chunks(path), media_type=media_type, headers=headers)
 
 
-async def _build_export(st: ServiceState, request: Request, key: str, revision: int, kind: str, path) -> None:
+async def _build_export(st: ServiceState, key: str, revision: int, kind: str, path) -> None:
     """One build per file at a time in this process, in a time-boxed child holding a heavy slot. A
     finished export serves every later client, so a build goes on when its client leaves."""
     async def build() -> None:
@@ -636,29 +620,29 @@ _CACHED = ("Built once per revision and cached; ETag per revision (If-None-Match
             " renumbered so the last stage's forwards run in order, compute order only; 409 when the plan"
             " needs offload or recompute to fit (runtimes.json says who runs it). " + _CACHED,
             response_class=Response, responses=_REFUSABLE_RESPONSES, dependencies=[Depends(require_read)])
-async def export_torch_csv(key: str, request: Request,
+async def export_torch_csv(key: str, st: StateDep,
                            revision: int | None = Query(None, ge=1, le=MAX_REVISION),
                            if_none_match: str | None = Header(None),
                            accept_encoding: str | None = Header(None)) -> Response:
-    return await _export(request, key, revision, "torch.csv", if_none_match, accept_encoding)
+    return await _export(st, key, revision, "torch.csv", if_none_match, accept_encoding)
 
 
 @router.get("/plans/{key}/export/chrome-trace.json", summary="Chrome / Perfetto trace of the plan",
             description=_CACHED,
             responses=_EXPORT_RESPONSES, dependencies=[Depends(require_read)])
-async def export_chrome_trace(key: str, request: Request,
+async def export_chrome_trace(key: str, st: StateDep,
                               revision: int | None = Query(None, ge=1, le=MAX_REVISION),
                               if_none_match: str | None = Header(None),
                               accept_encoding: str | None = Header(None)) -> Response:
-    return await _export(request, key, revision, "chrome-trace.json", if_none_match, accept_encoding)
+    return await _export(st, key, revision, "chrome-trace.json", if_none_match, accept_encoding)
 
 
 def _text_export(kind: str, summary: str, description: str, refusable: bool = True) -> None:
     """A GET route for one more export kind (same caching, ETag and gzip as above)."""
-    async def export(key: str, request: Request, revision: int | None = Query(None, ge=1, le=MAX_REVISION),
+    async def export(key: str, st: StateDep, revision: int | None = Query(None, ge=1, le=MAX_REVISION),
                      if_none_match: str | None = Header(None),
                      accept_encoding: str | None = Header(None)) -> Response:
-        return await _export(request, key, revision, kind, if_none_match, accept_encoding)
+        return await _export(st, key, revision, kind, if_none_match, accept_encoding)
 
     router.get(f"/plans/{{key}}/export/{kind}", summary=summary, description=description + " " + _CACHED,
                response_class=Response, responses=_REFUSABLE_RESPONSES if refusable else _EXPORT_RESPONSES,

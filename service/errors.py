@@ -1,4 +1,5 @@
-"""The one error shape every 4xx/5xx of the API carries, and helpers to raise and document it.
+"""The one error shape every 4xx/5xx of the API carries: helpers to raise and document it, and the
+handlers that answer every exception in it (`install(app)`, `CatchAllMiddleware`).
 
 Clients parse `{"error": code, "message": sentence, ...}` whatever went wrong, so the OpenAPI
 document describes exactly that body (ErrorBody) for every status a route can answer, and the
@@ -8,10 +9,21 @@ never tracebacks.
 
 from __future__ import annotations
 
+import logging
+import re
+import time
 from typing import Any
 
-from fastapi import HTTPException
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from redis.exceptions import RedisError
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("pipeplan.service")
 
 
 class ErrorBody(BaseModel):
@@ -36,6 +48,11 @@ class ApiError(HTTPException):
 
     def body(self) -> dict[str, Any]:
         return {"error": self.code, "message": self.detail, **self.extra}
+
+
+class NothingToStream(Exception):
+    """The key's job is over and the client has every revision: answered 204, which tells an
+    EventSource to stop reconnecting (the HTML standard's way to end a stream for good)."""
 
 
 def unavailable(message: str, retry_after_s: float) -> ApiError:
@@ -96,8 +113,6 @@ class CatchAllMiddleware:
             self.log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             if started:  # too late for a status: end the response; the client sees a short body
                 raise
-            from fastapi.responses import JSONResponse
-
             body = {"error": "internal_error", "message": "internal error (logged on the server)"}
             await JSONResponse(body, 500)(scope, receive, send)
 
@@ -114,3 +129,88 @@ def reject_nul(field: str, value: str | None) -> str | None:
         raise ApiError(422, "invalid_request", f"{field}: must not contain a NUL character",
                        {"detail": [f"{field}: must not contain a NUL character"]})
     return value
+
+
+# -- every exception a route can raise, answered in the one shape ---------------------------------------
+_HTTP_CODES = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
+               413: "payload_too_large", 429: "too_many_requests", 503: "unavailable"}
+
+
+def install(app: FastAPI, retry_after_s: int) -> None:
+    """Answer every expected failure as ErrorBody: our ApiErrors, Starlette's HTTP errors, invalid input
+    (422, one line per field), and an unreachable database or queue (503 with Retry-After, logged at
+    most once per 5 s). The unexpected rest is CatchAllMiddleware's."""
+    quiet_until: dict[str, float] = {}
+
+    def unreachable(what: str, exc: Exception) -> JSONResponse:
+        now = time.monotonic()  # an outage answers thousands of requests: one log line per 5 s is enough
+        if now >= quiet_until.get(what, 0.0):
+            quiet_until[what] = now + 5.0
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            log.warning("%s unavailable (503 with Retry-After; logged once per 5 s): %s", what, first)
+        return JSONResponse({"error": "unavailable", "message": f"the {what} is unavailable; retry later"},
+                            503, headers={"Retry-After": str(retry_after_s)})
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(NothingToStream)
+    async def _nothing_to_stream(request: Request, exc: NothingToStream) -> Response:
+        return Response(status_code=204)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:  # Starlette lists only the first matching route's methods
+            headers["Allow"] = allowed_methods(app, request.scope)
+        return JSONResponse({"error": _HTTP_CODES.get(exc.status_code, "error"), "message": str(exc.detail)},
+                            exc.status_code, headers=headers or None)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        lines = validation_lines(exc)
+        return JSONResponse({"error": "invalid_request", "message": "; ".join(lines), "detail": lines}, 422)
+
+    @app.exception_handler(DBAPIError)
+    @app.exception_handler(PoolTimeout)
+    async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+        if _db_unavailable(exc):  # expected: a response, not a traceback, and the connection stays open
+            return unreachable("database", exc)
+        log.error("database error on %s %s", request.method, request.url.path, exc_info=exc)
+        return JSONResponse({"error": "internal_error", "message": "internal error (logged on the server)"}, 500)
+
+    @app.exception_handler(RedisError)
+    async def _queue_error(request: Request, exc: Exception) -> JSONResponse:
+        return unreachable("queue", exc)
+
+
+def validation_lines(exc: RequestValidationError) -> list[str]:
+    """One `field: reason` line per invalid field (`body: invalid JSON at character N: ...` for bad JSON)."""
+    lines = []
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":  # loc is ("body", character offset)
+            at = err.get("loc", ("body", "?"))[-1]
+            reason = (err.get("ctx") or {}).get("error") or "not valid JSON"
+            lines.append(f"body: invalid JSON at character {at}: {reason}")
+            continue
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        lines.append(f"{'.'.join(loc) or 'body'}: {msg}")
+    return lines
+
+
+def _db_unavailable(exc: Exception) -> bool:
+    if isinstance(exc, (OperationalError, PoolTimeout)):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+def allowed_methods(app: FastAPI, scope: dict[str, Any]) -> str:
+    """The Allow header of a 405: every method the OpenAPI document gives this path."""
+    path = scope.get("path", "")
+    methods: set[str] = set()
+    for template, ops in app.openapi().get("paths", {}).items():
+        if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), path):
+            methods |= {m.upper() for m in ops}
+    return ", ".join(sorted(methods))

@@ -25,7 +25,8 @@ from starlette.concurrency import run_in_threadpool
 
 from . import inline
 from .admission import rate_limited, stream_admitted
-from .api import KEY_RE, enqueue, refine_budget, state_of
+from .api import KEY_RE, enqueue, refine_budget
+from .deps import StateDep
 from .errors import ApiError
 from .events import ALL
 from .frontier_store import FrontierStore, check_size, first_points, frontier_key
@@ -89,8 +90,7 @@ def _answer(st: ServiceState, key: str, created: bool) -> Response:
                         429: {"description": "Rate limited; retry after Retry-After seconds"},
                         503: {"description": "Busy or past the time box; retry after Retry-After seconds"}},
              dependencies=[Depends(require_write), Depends(rate_limited)])
-async def create_frontier(body: FrontierRequest, request: Request) -> Response:
-    st = state_of(request)
+async def create_frontier(body: FrontierRequest, request: Request, st: StateDep) -> Response:
     s = st.settings
     budget = refine_budget(st, body.time_budget_s)
     job: dict[str, Any] = {"limits": s.limits.model_dump(), "database_url": s.resolved_database_url,
@@ -141,8 +141,8 @@ def _curve_body(st: ServiceState, key: str) -> str:
 @router.get("/frontiers/{key}", summary="The curve: each point's best stored plan now (pipeplan.frontier/v1)",
             responses={200: {"content": {"application/json": {}}, "description": "pipeplan.frontier/v1"}},
             dependencies=[Depends(require_read)])
-async def get_frontier(key: str, request: Request) -> Response:
-    body = await run_in_threadpool(_curve_body, state_of(request), key)
+async def get_frontier(key: str, st: StateDep) -> Response:
+    body = await run_in_threadpool(_curve_body, st, key)
     return Response(body, media_type="application/json")
 
 
@@ -152,10 +152,10 @@ def _point_answer(key: str, point: dict[str, Any]) -> dict[str, Any]:
 
 @router.get("/frontiers/{key}/least-memory", summary="The least memory per GPU that reaches target_ms",
             dependencies=[Depends(require_read)])
-def least_memory(key: str, request: Request, target_ms: float = Query(..., gt=0)) -> Any:
+def least_memory(key: str, st: StateDep, target_ms: float = Query(..., gt=0)) -> Any:
     from pipeplan.planner.frontier import view_of
 
-    view = view_of(_curve(state_of(request), key))
+    view = view_of(_curve(st, key))
     hit = view.least_memory(target_ms)
     if hit is None:
         best = min(view.points, key=lambda p: p.makespan_ms)
@@ -167,10 +167,10 @@ def least_memory(key: str, request: Request, target_ms: float = Query(..., gt=0)
 
 @router.get("/frontiers/{key}/fastest", summary="The fastest plan within budget_gib per GPU",
             dependencies=[Depends(require_read)])
-def fastest(key: str, request: Request, budget_gib: float = Query(..., gt=0)) -> Any:
+def fastest(key: str, st: StateDep, budget_gib: float = Query(..., gt=0)) -> Any:
     from pipeplan.planner.frontier import view_of
 
-    view = view_of(_curve(state_of(request), key))
+    view = view_of(_curve(st, key))
     hit = view.fastest(budget_gib * GIB)
     if hit is None:
         least = min(view.points, key=lambda p: p.budget_mib)
@@ -179,17 +179,16 @@ def fastest(key: str, request: Request, budget_gib: float = Query(..., gt=0)) ->
     return _point_answer(key, hit.doc)
 
 
-async def _known_frontier(key: str, request: Request) -> str:
+async def _known_frontier(key: str, st: StateDep) -> str:
     """Dependency: 404 before the stream starts (raised inside the generator it breaks the response)."""
-    await run_in_threadpool(_curve, state_of(request), key)
+    await run_in_threadpool(_curve, st, key)
     return key
 
 
 @router.get("/frontiers/{key}/events", response_class=EventSourceResponse,
             summary="Server-sent events: one `curve` event (the whole document) whenever a point improves",
             dependencies=[Depends(require_read), Depends(_known_frontier), Depends(stream_admitted)])
-async def frontier_events(key: str, request: Request):
-    st = state_of(request)
+async def frontier_events(key: str, request: Request, st: StateDep):
     doc = await run_in_threadpool(_curve, st, key)
     keys = {p["problem_key"] for p in doc["points"]}
 

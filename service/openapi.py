@@ -8,7 +8,6 @@ service/static/docs (vendored, see its README) so /docs works offline.
 
 from __future__ import annotations
 
-import re
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -150,16 +149,6 @@ def _security(app: FastAPI, schema: dict[str, Any]) -> None:
             if method.lower() in ops:
                 ops[method.lower()]["security"] = [{name: []} for name in SECURITY_SCHEMES] + (
                     [] if needed else [{}])
-
-
-def allowed_methods(app: FastAPI, scope: dict[str, Any]) -> str:
-    """The Allow header of a 405: every method the OpenAPI document gives this path."""
-    path = scope.get("path", "")
-    methods: set[str] = set()
-    for template, ops in app.openapi().get("paths", {}).items():
-        if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), path):
-            methods |= {m.upper() for m in ops}
-    return ", ".join(sorted(methods))
 
 
 def build_schema(app: FastAPI) -> dict[str, Any]:

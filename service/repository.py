@@ -1,4 +1,5 @@
-"""The plan cache's only door to SQL: reads for the API and dashboard, atomic writes for everyone.
+"""Problems, plan revisions and refine jobs in SQL: reads for the API and dashboard, atomic writes for
+everyone. (Traces: service.trace_store; frontiers: service.frontier_store.)
 
 Every write that races (first revision of a new key, "replace if better", job claim, re-queue) is a
 single conditional INSERT/UPDATE, so PostgreSQL row locks or SQLite's single writer serialize
@@ -9,11 +10,10 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, Callable
 
 from pipeplan.planner.contract import Plan, Problem
-from pipeplan.planner.trace import Trace
 from pipeplan.planner.validator import InvalidPlanError, validate_plan
 from pydantic import ValidationError
 from sqlalchemy import Engine, and_, case, func, insert, or_, select, text, update
@@ -30,7 +30,8 @@ from .models import (
     JobRow,
     ProblemRow,
     RevisionRow,
-    TraceRow,
+    as_utc,
+    iso,
     utcnow,
 )
 from .outcomes import OPTIMAL, describe
@@ -38,18 +39,6 @@ from .outcomes import OPTIMAL, describe
 EPS_MS = 1e-6
 # A new run starts without the previous run's verdict.
 NO_OUTCOME = {"outcome": None, "gap_pct": None, "searched_s": None, "run_improvements": None}
-
-
-def _aware(value: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes; everything we store is UTC."""
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
-    return value
-
-
-def _iso(value: datetime | None) -> str | None:
-    value = _aware(value)
-    return value.isoformat() if value else None
 
 
 def new_run_id(key: str) -> str:
@@ -113,13 +102,13 @@ class JobInfo:
     @classmethod
     def of(cls, row: Any) -> JobInfo:
         m = row._mapping
-        return cls(**{f: (_aware(m[f]) if f.endswith("_at") else m[f]) for f in cls.__dataclass_fields__})
+        return cls(**{f: (as_utc(m[f]) if f.endswith("_at") else m[f]) for f in cls.__dataclass_fields__})
 
     def to_dict(self) -> dict[str, Any]:
         d = {f: getattr(self, f) for f in self.__dataclass_fields__}
         d["outcome_text"] = self.outcome_text
         for f in ("queued_at", "started_at", "heartbeat_at", "finished_at"):
-            d[f] = _iso(d[f])
+            d[f] = iso(d[f])
         return d
 
 
@@ -178,7 +167,7 @@ class Repository:
             row = conn.execute(q).first()
         if row is None:
             return None
-        return BestPlan(key, row[0], row[1], row[2], row[3], _aware(row[4]), row[5], row[6])
+        return BestPlan(key, row[0], row[1], row[2], row[3], as_utc(row[4]), row[5], row[6])
 
     def best_plan(self, key: str) -> Plan | None:
         best = self.best(key)
@@ -201,7 +190,7 @@ class Repository:
             rows = conn.execute(q).all()
         return [
             {"revision": r[0], "makespan_ms": r[1], "lower_bound_ms": r[2], "solver_bound_ms": r[3],
-             "status": r[4], "method": r[5], "created_at": _iso(r[6])}
+             "status": r[4], "method": r[5], "created_at": iso(r[6])}
             for r in rows
         ]
 
@@ -285,8 +274,8 @@ class Repository:
                 "job_outcome": outcome,
                 "job_outcome_text": describe(outcome, gap_pct, searched_s, run_improvements),
                 "job_outcome_words": describe(outcome, gap_pct, searched_s, run_improvements, gap=False),
-                "created_at": _iso(p.created_at),
-                "updated_at": _iso(p.updated_at),
+                "created_at": iso(p.created_at),
+                "updated_at": iso(p.updated_at),
             })
         return items, total
 
@@ -493,96 +482,6 @@ class Repository:
         return run_id if res.rowcount == 1 else None
 
 
-@dataclass(frozen=True)
-class TraceInfo:
-    """A stored trace's summary (the document itself: `TraceStore.document`)."""
-
-    id: int
-    problem_key: str
-    revision: int
-    iteration: int
-    device_kind: str
-    predicted_ms: float
-    measured_ms: float
-    calibrated_key: str | None
-    created_at: datetime | None
-
-    @property
-    def error_pct(self) -> float:
-        return 100.0 * (self.measured_ms - self.predicted_ms) / self.predicted_ms if self.predicted_ms else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {f: getattr(self, f) for f in self.__dataclass_fields__}
-        d["error_pct"] = self.error_pct
-        d["created_at"] = _iso(self.created_at)
-        return d
-
-
-_TRACE_COLUMNS = (TraceRow.id, TraceRow.problem_key, TraceRow.revision, TraceRow.iteration, TraceRow.device_kind,
-                  TraceRow.predicted_ms, TraceRow.measured_ms, TraceRow.calibrated_key, TraceRow.created_at)
-
-
-def _trace_info(row: Any) -> TraceInfo:
-    return TraceInfo(*row[:8], _aware(row[8]))
-
-
-class TraceStore:
-    """Measured runs of plans (table `plan_traces`, docs/trace.md): store, list, read back."""
-
-    def __init__(self, repo: Repository):
-        self.repo = repo
-
-    def add(self, key: str, revision: int, digest: str, trace_json: str, *, iteration: int, device_kind: str,
-            predicted_ms: float, measured_ms: float, calibrated_key: str | None) -> tuple[TraceInfo, bool]:
-        """Store a trace unless this key already has one with `digest`. Returns (row, created)."""
-        read_back(Trace, trace_json, "the trace")
-        with self.repo.engine.begin() as conn:
-            res = conn.execute(self.repo._insert_ignore(TraceRow).values(
-                problem_key=key, revision=revision, digest=digest, trace=trace_json, iteration=iteration,
-                device_kind=device_kind, predicted_ms=predicted_ms, measured_ms=measured_ms,
-                calibrated_key=calibrated_key, created_at=utcnow()).returning(TraceRow.id))
-            created = res.scalar() is not None
-            info = self._by_digest(conn, key, digest)
-        return info, created
-
-    def by_digest(self, key: str, digest: str) -> TraceInfo | None:
-        with self.repo.engine.connect() as conn:
-            return self._by_digest(conn, key, digest)
-
-    @staticmethod
-    def _by_digest(conn: Any, key: str, digest: str) -> TraceInfo | None:
-        row = conn.execute(select(*_TRACE_COLUMNS).where(TraceRow.problem_key == key,
-                                                          TraceRow.digest == digest)).first()
-        return None if row is None else _trace_info(row)
-
-    def listing(self, key: str, limit: int = 100) -> list[TraceInfo]:
-        """The key's traces, newest first."""
-        q = select(*_TRACE_COLUMNS).where(TraceRow.problem_key == key).order_by(TraceRow.id.desc()).limit(limit)
-        with self.repo.engine.connect() as conn:
-            return [_trace_info(r) for r in conn.execute(q).all()]
-
-    def documents(self, key: str, limit: int) -> list[str]:
-        """The newest `limit` trace documents of the key (JSON), newest first."""
-        q = select(TraceRow.trace).where(TraceRow.problem_key == key).order_by(TraceRow.id.desc()).limit(limit)
-        with self.repo.engine.connect() as conn:
-            return list(conn.execute(q).scalars())
-
-    def document(self, key: str, trace_id: int) -> str | None:
-        q = select(TraceRow.trace).where(TraceRow.problem_key == key, TraceRow.id == trace_id)
-        with self.repo.engine.connect() as conn:
-            return conn.execute(q).scalar()
-
-    def summaries(self, keys: list[str]) -> dict[str, tuple[int, TraceInfo]]:
-        """Per key with traces: (how many, the newest) - one query for a dashboard page."""
-        if not keys:
-            return {}
-        newest = (select(TraceRow.problem_key, func.max(TraceRow.id).label("last"), func.count().label("n"))
-                  .where(TraceRow.problem_key.in_(keys)).group_by(TraceRow.problem_key).subquery())
-        q = select(newest.c.n, *_TRACE_COLUMNS).join(newest, TraceRow.id == newest.c.last)
-        with self.repo.engine.connect() as conn:
-            return {r[2]: (r[0], _trace_info(r[1:])) for r in conn.execute(q).all()}
-
-
 class UnreadableDocument(ValueError):
     """A document that would not parse back once stored; nothing was written."""
 
@@ -607,6 +506,5 @@ def stale_cutoffs(stale_after_s: float, queued_grace_s: float = 3.0) -> tuple[da
     return now - timedelta(seconds=stale_after_s), now - timedelta(seconds=queued_grace_s)
 
 
-__all__ = ["Repository", "BestPlan", "JobInfo", "TraceInfo", "TraceStore", "UnreadableDocument", "problem_summary",
-           "read_back", "stale_cutoffs"]
+__all__ = ["Repository", "BestPlan", "JobInfo", "UnreadableDocument", "problem_summary", "read_back", "stale_cutoffs"]
 

@@ -7,14 +7,16 @@ import hmac
 from fastapi import HTTPException, Request
 
 
-def _presented_key(request: Request) -> str | None:
+def presented_key(request: Request) -> str | None:
+    """The key the request presents: `Authorization: Bearer <key>`, else `X-API-Key`."""
     auth = request.headers.get("authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip()
     return request.headers.get("x-api-key")
 
 
-def _key_ok(presented: str | None, keys: list[str]) -> bool:
+def key_ok(presented: str | None, keys: list[str]) -> bool:
+    """Whether `presented` is one of `keys`, in constant time."""
     if presented is None:
         return False
     ok = False
@@ -26,8 +28,8 @@ def _key_ok(presented: str | None, keys: list[str]) -> bool:
 def verified_key(request: Request) -> str | None:
     """The presented key when it is one of the configured keys (None without configured keys)."""
     keys = request.app.state.pipeplan.settings.api_keys
-    presented = _presented_key(request)
-    return presented if keys and _key_ok(presented, keys) else None
+    presented = presented_key(request)
+    return presented if keys and key_ok(presented, keys) else None
 
 
 def _check(request: Request) -> None:

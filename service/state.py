@@ -1,7 +1,8 @@
 """Everything one API process holds: engine, repository, queue, events, plan cache, reconciler.
 
-Built in the app's lifespan (never at import), reachable as `request.app.state.pipeplan` — the
-dashboard router uses the same object (repo for reads, events for live updates).
+Built by the app factory, started in its lifespan (never at import); stored as `app.state.pipeplan`.
+Routes receive it as `deps.StateDep`; the dashboard reads the same object (repo for reads, hub for
+live updates).
 """
 
 from __future__ import annotations
@@ -9,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from cachetools import TTLCache
 from starlette.concurrency import run_in_threadpool
@@ -20,7 +24,7 @@ from .admission import Admission
 from .db import DbTimeouts, make_engine
 from .events import ALL, EventBus, Hub, LocalPublisher, RedisListener, RedisPublisher
 from .flight import single_flight
-from .metrics import Metrics
+from .metrics import Metrics, StateCollector
 from .queue import JobQueue, LocalQueue, RQQueue
 from .reconcile import reconcile
 from .repository import BestPlan, Repository
@@ -45,12 +49,32 @@ class ServiceState:
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _locks: list[threading.Lock] = field(default_factory=lambda: [threading.Lock() for _ in range(64)])
 
+    @classmethod
+    def build(cls, settings: Settings) -> ServiceState:
+        """The state of one app, its gauges registered; nothing is connected before `lifespan`."""
+        state = cls(settings=settings, metrics=Metrics())
+        state.metrics.registry.register(StateCollector(state))
+        return state
+
     def __post_init__(self) -> None:
         # bounded by the bytes of the plans it holds, not by their number: a P=64 M=512 plan is ~9 MB
         self._cache = TTLCache(maxsize=max(1, int(self.settings.plan_cache_mib * 2**20)),
                                ttl=self.settings.plan_cache_ttl_s, getsizeof=lambda best: len(best.plan_json) + 512)
 
     # -- lifecycle ------------------------------------------------------------------------------------
+    @asynccontextmanager
+    async def lifespan(self, app: Any) -> AsyncIterator[None]:
+        """The app's lifespan: everything starts before the first request and stops after the last;
+        a start that fails stops what it had started and fails the app."""
+        try:
+            await self.start()
+        except Exception as exc:
+            log.error("pipeplan service cannot start: %s", exc)
+            await self.stop()
+            raise
+        yield
+        await self.stop()
+
     async def start(self) -> None:
         s = self.settings
         self.engine = make_engine(s.resolved_database_url, s.db_pool_size, DbTimeouts.from_settings(s))

@@ -263,7 +263,7 @@ def test_overview_row_shows_one_gap_and_every_column_at_1400px(server, browser):
     """Issue 38 points 6 and 8: a finished run that proved a tighter bound than its plan's shows one
     gap (the Gap column; the job's words leave theirs out), its text wraps inside its column so
     "Improved" stays in view at 1400 px, and the key shown copies as the key the API accepts."""
-    from pipeplan.service.dashboard_views import fmt_ms
+    from pipeplan.service.dashboard.views import fmt_ms
     from pipeplan.service.db import make_engine
     from pipeplan.service.repository import Repository
 

@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from dashboard_fixtures import dashboard_app, gpipe_plan, make_problem, op_count
 from fastapi.testclient import TestClient
-from pipeplan.service import dashboard_views as views
-from pipeplan.service.dashboard_data import page_links
+from pipeplan.service.dashboard import views
+from pipeplan.service.dashboard.data import page_links
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -282,7 +282,7 @@ def test_finished_jobs_say_how_they_ended_with_the_gap(dash_app):
 def test_vs_1f1b_card_names_the_worst_gpu_not_every_device():
     """At 16 GPUs the card printed every device's figure (30 lines); it says where 1F1B runs out."""
     from core_schedules import make_problem
-    from pipeplan.service.dashboard_data import compute_one_f_one_b
+    from pipeplan.service.dashboard.data import compute_one_f_one_b
 
     card = compute_one_f_one_b(make_problem(p=16, m=32, limit=800.0))
     assert card.note == "1F1B OOM"
@@ -291,7 +291,7 @@ def test_vs_1f1b_card_names_the_worst_gpu_not_every_device():
 
 def test_render_cache_is_bounded_by_bytes_not_only_entries():
     """64 cached charts of big plans held over a GB: the cache counts their bytes."""
-    from pipeplan.service.dashboard_data import _LRU
+    from pipeplan.service.dashboard.data import _LRU
 
     lru = _LRU(64, max_weight=10, weight=len)
     lru.put("a", "x" * 6)

@@ -158,7 +158,7 @@ def _issue_plot_doc() -> dict:
 def test_the_plot_spans_the_frontier_marks_the_gpu_memory_and_flags_points_beyond_it():
     from pipeplan.planner.frontier import chart_window
     from pipeplan.planner.frontier_render import render_frontier
-    from pipeplan.service.dashboard_frontier import frontier_svg
+    from pipeplan.service.dashboard.frontier import frontier_svg
 
     doc = _issue_plot_doc()
     assert [p["beyond_hbm"] for p in doc["points"]] == [False, False, False, True]

@@ -12,7 +12,8 @@ import pytest
 from pipeplan.planner.contract import Plan, Problem
 from pipeplan.planner.trace import Trace
 from pipeplan.service.models import ProblemRow, TraceRow
-from pipeplan.service.repository import Repository, TraceStore, UnreadableDocument
+from pipeplan.service.repository import Repository, UnreadableDocument
+from pipeplan.service.trace_store import TraceStore
 from service_support import any_db_url, gpipe_plan, make_problem, migrated_engine, problem_doc, start_server  # noqa: F401
 from sqlalchemy import func, select
 

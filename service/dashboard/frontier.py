@@ -13,12 +13,11 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse
 from pipeplan.planner.frontier import chart_window, off_chart_note, x_label
 
-from .dashboard import PREFIX, _ctx, _repo, gated, templates
-from .dashboard_views import _n, _tick_label, _ticks, nice_step
-from .frontier_store import FrontierStore
+from ..frontier_store import FrontierStore
+from .deps import gated, repo_of
+from .templating import PREFIX, context, templates
+from .views import _n, _tick_label, _ticks, nice_step
 
-# its own router, included by the app factory beside the dashboard's: this module builds on
-# service.dashboard, which therefore does not import it (imports point one way)
 router = APIRouter(prefix=PREFIX, tags=["dashboard"], include_in_schema=False)
 
 GIB = 1024.0
@@ -124,11 +123,11 @@ def frontier_svg(doc: dict[str, Any], width: int = 1000, height: int = 460) -> s
 
 @router.get("/frontiers/{key}", response_class=HTMLResponse, dependencies=gated)
 def frontier_page(request: Request, key: str) -> HTMLResponse:
-    doc = FrontierStore.of(_repo(request)).curve(key) if len(key) == 64 else None
+    doc = FrontierStore.of(repo_of(request)).curve(key) if len(key) == 64 else None
     if doc is None:
         raise HTTPException(404, f"no frontier {key}")
     rows = sorted(doc["points"], key=lambda p: p["factor"])
-    return templates.TemplateResponse(request, "dashboard/frontier.html", _ctx(
+    return templates.TemplateResponse(request, "dashboard/frontier.html", context(
         request, key=key, doc=doc, points=rows, svg=frontier_svg(doc), gib=GIB,
         off_chart=off_chart_note(chart_window(doc).off_chart),
         dominated=sum(1 for d in doc["dominance"] if d["dominated"]), dominance=doc["dominance"]))

@@ -18,7 +18,7 @@ from typing import Any
 
 from pipeplan.planner.contract import Plan, Problem
 
-from . import dashboard_views as views
+from . import views
 
 
 class _LRU:
@@ -248,7 +248,7 @@ class OverviewRow:
     updated: str
     updated_iso: str
     pending: bool = False
-    traced: str = ""  # measured vs predicted of the newest posted trace (dashboard_traces), "" if none
+    traced: str = ""  # measured vs predicted of the newest posted trace (dashboard.traces), "" if none
 
 
 def overview_row(item: dict[str, Any], one: OneF1B | None, now: datetime) -> OverviewRow:

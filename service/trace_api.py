@@ -22,10 +22,11 @@ from starlette.concurrency import run_in_threadpool
 
 from . import api
 from .admission import rate_limited
+from .deps import StateDep
 from .errors import MAX_REVISION, ApiError
-from .repository import TraceInfo, TraceStore
 from .security import require_read, require_write
 from .state import ServiceState
+from .trace_store import TraceInfo, TraceStore
 
 log = logging.getLogger("pipeplan.api")
 router = APIRouter(prefix="/v1", tags=["traces"])
@@ -142,17 +143,16 @@ def _prepare(st: ServiceState, key: str, trace: Trace,
              " Posting the same trace again stores nothing new and answers 200.",
              responses={201: {"description": "Trace stored; calibrated problem planned"}},
              dependencies=[Depends(require_write), Depends(rate_limited)])
-async def post_trace(key: str, trace: Trace, request: Request,
+async def post_trace(key: str, trace: Trace, request: Request, st: StateDep,
                      time_budget_s: float | None = Query(None, gt=0, description="Refine budget of the calibrated"
                                                          " problem (default from settings).")) -> Response:
     api.check_key(key)
-    st = api.state_of(request)
     budget = api.refine_budget(st, time_budget_s)
     trace_json = trace.model_dump_json()
     digest = hashlib.sha256(trace_json.encode()).hexdigest()
     plan, calibrated, info = await run_in_threadpool(_prepare, st, key, trace, digest)
     created = info is None  # else posted before: answer with what it yielded then
-    submitted = await api.submit(api.PlanRequest(problem=calibrated, time_budget_s=budget), request)
+    submitted = await api.submit(api.PlanRequest(problem=calibrated, time_budget_s=budget), request, st)
     if submitted.status_code not in (200, 201):
         return submitted  # the client left while the calibrated problem's first plan was computed
     envelope = api.PlanEnvelope.model_validate_json(submitted.body)
@@ -185,9 +185,8 @@ def _retimed(calibrated: Problem, plan: Plan) -> float:
 @router.get("/plans/{key}/traces", response_model=TraceList,
             summary="The key's measured runs, newest first: predicted vs measured and the calibrated key",
             dependencies=[Depends(require_read)])
-def list_traces(key: str, request: Request, limit: int = Query(100, ge=1, le=1000)) -> TraceList:
+def list_traces(key: str, st: StateDep, limit: int = Query(100, ge=1, le=1000)) -> TraceList:
     api.check_key(key)
-    st = api.state_of(request)
     if st.repo.best_revision(key) is None:
         raise ApiError(404, "not_found", f"no plan cached for key {key}")
     return TraceList(problem_key=key, traces=[_view(i) for i in TraceStore(st.repo).listing(key, limit)])
@@ -196,9 +195,9 @@ def list_traces(key: str, request: Request, limit: int = Query(100, ge=1, le=100
 @router.get("/plans/{key}/traces/{trace_id}", summary="One stored trace document (pipeplan.trace/v1)",
             responses={200: {"content": {"application/json": {}}, "description": "pipeplan.trace/v1"}},
             dependencies=[Depends(require_read)])
-def get_trace(key: str, request: Request, trace_id: int = Path(ge=1, le=2**31 - 1)) -> Response:
+def get_trace(key: str, st: StateDep, trace_id: int = Path(ge=1, le=2**31 - 1)) -> Response:
     api.check_key(key)
-    doc = TraceStore(api.state_of(request).repo).document(key, trace_id)
+    doc = TraceStore(st.repo).document(key, trace_id)
     if doc is None:
         raise ApiError(404, "not_found", f"no trace {trace_id} of key {key}")
     return Response(doc, media_type="application/json")

@@ -2,7 +2,7 @@
 of the key, its error and the calibrated plan it yielded), the link back from a calibrated plan to
 the plan it was measured on, and the overview's marker for keys that have traces.
 
-Only reads (service.repository.TraceStore); formatting is the dashboard's (dashboard_views).
+Only reads (service.trace_store); formatting is the dashboard's (views).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 from pipeplan.planner.contract import Problem
 
-from . import dashboard_views as views
-from .repository import TraceInfo, TraceStore
+from ..trace_store import TraceInfo, TraceStore
+from . import views
 
 SHOWN = 20  # newest traces on the plan page; GET /v1/plans/{key}/traces lists more
 
