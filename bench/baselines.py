@@ -1,4 +1,4 @@
-"""Our baselines next to DESIGN.md section 4's reference figures (peers' generators, one simulator).
+"""Our baselines next to the reference figures of docs/baselines.md (peers' generators, one simulator).
 
 Run:  .venv/bin/python bench/baselines.py      (prints a table; `--markdown` prints it as Markdown)
       .venv/bin/python bench/baselines.py --speed   (how long best_heuristic takes, het stages)
@@ -114,7 +114,7 @@ def main() -> None:
     from rich.table import Table
 
     t = Table(title="best_heuristic: makespan and seconds" if speed
-              else "DESIGN.md §4: reference / ours (makespan, lower is better)")
+              else "reference figures (docs/baselines.md): reference / ours (makespan, lower is better)")
     for h in header:
         t.add_column(h)
     for row in table:

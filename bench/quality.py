@@ -6,7 +6,7 @@ time limits on a suite of problems; prints a Markdown table.
     .venv/bin/python bench/quality.py --only het-p8    # cases whose name contains the text
     .venv/bin/python bench/quality.py --limits 20 --engines auto --out table.md
 
-Memory model as in DESIGN.md §4: an activation (100 MiB) is held from F until W; "1p" = P activations
+Memory model of the reference figures (docs/baselines.md): an activation (100 MiB) is held from F until W; "1p" = P activations
 per device (1F1B's peak on stage 0), "half" = P/2, "quarter" = P/4. `uni`: F=B=W=1, no link cost;
 `het`: F=1, B=1.2, W=0.8, link 0.05; `heavy`: het with first and last stage 1.5x (embedding, LM head).
 Fast offload: a copy takes 1 ms (= a forward); slow: 3 ms. `wg25`: W needs only 25 of the 100 MiB

@@ -101,7 +101,7 @@ class Settings(BaseSettings):
         " queue and events).",
     )
 
-    # Admission: what one API process takes on at once (bounded work, DESIGN.md: admission control)
+    # Admission: what one API process takes on at once (bounded work: docs/service.md, "Admission")
     inline_timeout_s: float = Field(
         30.0, gt=0, description="Time box of a POST's heavy work (spec conversion, first plan) in its own"
         " process; it is killed beyond this (503) or when the client leaves.")

@@ -1,4 +1,4 @@
-"""Problem v1 and plan v1 documents (shared/CONTRACT.md), their validation and the canonical key.
+"""Problem v1 and plan v1 documents (docs/formats.md), their validation and the canonical key.
 
 Everything that crosses a process boundary is one of these two models. Validation names the field and
 the reason; normalization fills the contract's defaults so that the canonical key is the same however
@@ -47,7 +47,7 @@ DEFAULT_LIMITS = Limits()
 
 
 class Options(BaseModel):
-    """Which schedule freedoms the problem allows (CONTRACT.md: options)."""
+    """Which schedule freedoms the problem allows (docs/formats.md: problem)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -320,7 +320,7 @@ class Problem(BaseModel):
                 raise ValueError(f"devices[{d}].optimizer_ms exceeds the limit {limits.max_duration_ms}")
 
     def canonical_json(self) -> str:
-        """Canonical form (CONTRACT.md): defaults filled, every number a float, sorted, compact.
+        """Canonical form (docs/formats.md, "The key"): defaults filled, every number a float, sorted, compact.
 
         Fields added after v1 appear only when set (see _drop_unset_additions)."""
         doc = _drop_unset_additions(self.model_dump(mode="json"))

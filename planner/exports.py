@@ -236,7 +236,7 @@ def chrome_trace(problem: Problem, plan: Plan) -> dict[str, Any]:
 
     One process per device, one thread per lane (compute, device->host, host->device), complete events
     with the plan's real durations (trace time unit: microseconds), and a memory counter per device
-    stepping exactly as CONTRACT.md's memory model (planner.memory.memory_curve).
+    stepping exactly as the problem's memory model (docs/formats.md) (planner.memory.memory_curve).
     """
     events: list[dict[str, Any]] = []
     all_ops = [op_of(p) for dp in plan.devices for p in dp.ops]

@@ -1,4 +1,4 @@
-"""Device and pinned host memory over time for a timed set of ops (CONTRACT.md: frees count before
+"""Device and pinned host memory over time for a timed set of ops (docs/formats.md: frees count before
 allocations), and the transfer figures a plan reports (docs/transfers.md)."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def order_peak(problem: Problem, device: int, compute: Iterable[Op]) -> float:
     """`device`'s peak memory from its compute order alone, for a device without copies.
 
     Ops on one lane run one after another, so each op's frees come before the next op's allocation
-    whatever the times (and CONTRACT.md counts frees first at equal times): the order fixes the
+    whatever the times (and docs/formats.md counts frees first at equal times): the order fixes the
     curve. A schedule that cannot fit is thus refused before it is simulated or even checked."""
     compute = list(compute)
     # a choice matters to memory_delta only for F's allocation, and a device's own order shows it

@@ -1,4 +1,4 @@
-"""The op semantics table of CONTRACT.md as code: durations, lanes, dependencies and memory deltas.
+"""The op table of docs/formats.md as code: durations, lanes, dependencies and memory deltas.
 
 The validator, the simulator, the heuristics and the solvers all read the contract through this one
 module, so a rule lives in exactly one place.
@@ -111,7 +111,7 @@ def backward_op(stage: int, mb: int, choice: Choice) -> Op:
 
 
 def deps(problem: Problem, op: Op, choices: dict[tuple[int, int], Choice]) -> list[Dep]:
-    """Every op that must end before `op` may start (CONTRACT.md, 'must start after')."""
+    """Every op that must end before `op` may start (docs/formats.md, 'starts after')."""
     k, i = op.stage, op.mb
     choice = choices[(k, i)]
     out: list[Dep] = []
@@ -176,7 +176,7 @@ def choices_from_ops(problem: Problem, ops: list[Op]) -> tuple[dict[tuple[int, i
     """Derive each (stage, mb)'s Choice from the ops present; report every inconsistency found.
 
     The problem's op set is not fixed in advance (B+W or BW, offload, recompute are choices), so it is
-    read back from what a plan or a schedule contains and checked against CONTRACT.md's rules.
+    read back from what a plan or a schedule contains and checked against docs/formats.md's rules.
     """
     present: dict[tuple[int, int], dict[Kind, int]] = {}
     errors: list[str] = []

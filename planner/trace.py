@@ -96,7 +96,7 @@ class Trace(BaseModel):
 
 
 def measured_makespan(devices: list[DeviceTrace]) -> float:
-    """Latest end minus earliest start over the plan ops (CONTRACT.md's makespan, measured)."""
+    """Latest end minus earliest start over the plan ops (the makespan of docs/formats.md, measured)."""
     ops = [op for d in devices for op in d.ops if op.kind in PLAN_KINDS]
     if not ops:
         return 0.0

@@ -1,4 +1,4 @@
-"""Checks a plan against its problem exactly as CONTRACT.md defines, reporting every violation.
+"""Checks a plan against its problem exactly as docs/formats.md defines, reporting every violation.
 
 Every plan pipeplan emits passes through `validate_plan` first; `assert_valid` is the gate the
 heuristics, solvers, service and worker call.
@@ -28,7 +28,7 @@ def not_before(later: float, earlier: float) -> bool:
 
 
 class InvalidPlanError(ValueError):
-    """A plan broke CONTRACT.md; `violations` lists every reason."""
+    """A plan broke the rules of docs/formats.md; `violations` lists every reason."""
 
     def __init__(self, violations: list[str]):
         self.violations = violations

@@ -1,4 +1,4 @@
-"""Baselines: hand-computed makespans, DESIGN.md section 4 figures, applicability and memory errors."""
+"""Baselines: hand-computed makespans, the reference figures of docs/baselines.md, applicability and memory errors."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pipeplan.planner.validator import validate_plan
 
 def reference_case(p: int, m: int, het: bool, chunks: int = 1, limit: float | None = None,
                    offload_ms: float | None = None, **options) -> Problem:
-    """DESIGN.md section 4: activation held from F until W, limits in activations per device; V
+    """docs/baselines.md, "Reference figures": activation held from F until W, limits in activations per device; V
     cases use half-cost (and half-size) chunks with stage k and 2P-1-k on one device."""
     f, b, w, link = (1.0, 1.2, 0.8, 0.05) if het else (1.0, 1.0, 1.0, 0.0)
     c = 1.0 / chunks
@@ -34,8 +34,8 @@ def reference_case(p: int, m: int, het: bool, chunks: int = 1, limit: float | No
         "stages": stages, "devices": [{"memory_limit_mib": limit}] * p})
 
 
-# (case, 1F1B, ZB-H1, ZB auto @1p, ZB-V @1p) from DESIGN.md section 4, except ZB-H1 on het: DESIGN's
-# 109.2 / 220.4 are the time-filled pattern's; the published order (the same order torch's
+# (case, 1F1B, ZB-H1, ZB auto @1p, ZB-V @1p) from docs/baselines.md, "Reference figures", except
+# ZB-H1 on het: the reference's 109.2 / 220.4 are the time-filled pattern's; the published order (the same order torch's
 # ScheduleInterleavedZeroBubble generates for one stage per rank, see tests/test_peers.py) gives
 # 107.2 / 216, equal to the ZB automatic scheduler at 1F1B's memory.
 REFERENCE = [

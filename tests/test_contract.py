@@ -1,4 +1,4 @@
-"""Problem v1 validation messages, normalization and the canonical key (CONTRACT.md, issue 2 item 1)."""
+"""Problem v1 validation messages, normalization and the canonical key (docs/formats.md)."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def test_zb_h1_fits_at_one_f_one_b_memory_and_beats_it(problem: Problem):
 
 @pytest.mark.parametrize("p, m", [(1, 1), (2, 3), (4, 8), (8, 32), (5, 7)])
 def test_zb_h1_uniform_makespan(p, m):
-    """(P-1)(F+B-W) of bubble: 3M + P - 1 with F = B = W = 1 (DESIGN §4: 27 and 103)."""
+    """(P-1)(F+B-W) of bubble: 3M + P - 1 with F = B = W = 1 (docs/baselines.md, "Reference figures": 27 and 103)."""
     assert run_baseline(uniform(p, m), "zb-h1").makespan_ms == pytest.approx(3 * m + p - 1)
 
 
@@ -172,7 +172,7 @@ def test_zb_v_fits_at_one_f_one_b_memory(problem: Problem):
 
 @pytest.mark.parametrize("p, m, makespan", [(4, 8, 25.5), (8, 32, 99.5)])
 def test_zb_v_uniform_makespan(p, m, makespan):
-    """DESIGN §4 with half-cost chunks: 25.5 and 99.5."""
+    """The reference figures (docs/baselines.md) with half-cost chunks: 25.5 and 99.5."""
     plan = run_baseline(uniform(p, m, chunks=2, placement="v"), "zb-v")
     assert plan.makespan_ms == pytest.approx(makespan)
 

@@ -1,6 +1,6 @@
 """`pipeplan worker`: an RQ worker with low TTLs and the SQL reconciler in its maintenance step.
 
-RQ's defaults leave a killed worker's job "started" for minutes (DESIGN.md §6). We do not depend on
+RQ's defaults leave a killed worker's job "started" for minutes. We do not depend on
 RQ noticing: jobs heartbeat in SQL, and every idle worker's maintenance tick (every
 `maintenance_interval_s`) re-enqueues runs whose heartbeat went stale, so a SIGKILLed worker's job is
 re-run by another worker within stale_after_s + maintenance_interval_s + dequeue time.

@@ -4,7 +4,7 @@ Both start from a dense schedule's compute orders and add offload (or recompute)
 activations through `schedule_of`, which gates each reload to start just early enough to hide it
 before its backward. AdaOffload picks activations longest-lived first, only where memory is over the
 limit, and never offloads one that lives shorter than its round trip: its memory would come back
-before the copy out even finished (DESIGN.md section 3).
+before the copy out even finished (docs/optimizer.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The CP-SAT model of CONTRACT.md (DESIGN.md §3: intervals, no-overlap per lane, cumulative memory).
+"""The CP-SAT model of a problem (docs/formats.md; intervals, no-overlap per lane, cumulative memory:
+docs/optimizer.md).
 
 Per (stage k, microbatch i): F, the backward (B then W when splitting is allowed, else BW), and,
 where the options and a finite memory limit allow, an optional OFFLOAD/RELOAD pair or an optional

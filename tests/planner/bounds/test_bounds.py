@@ -78,7 +78,7 @@ def test_lower_bound_hand_values():
     # one microbatch, 2 devices, link 0.5: F 1 + link + F 1 + B 1 + link + B 1 + W 1 = 6
     assert lower_bound(make_problem(p=2, m=1, p2p=0.5)) == pytest.approx(6.0)
     # uniform split backward, P=4, M=8: the last device cannot start before 3 forwards and then has
-    # 8 x 3 of work (27); ZB-H1 reaches it (DESIGN.md: uni P=4 M=8 ZB-H1 = 27).
+    # 8 x 3 of work (27); ZB-H1 reaches it (docs/baselines.md, "Reference figures": uni P=4 M=8 ZB-H1 = 27).
     assert lower_bound(make_problem(p=4, m=8)) == pytest.approx(27.0)
 
 
