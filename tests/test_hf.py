@@ -1,5 +1,6 @@
 """Hugging Face configs in (issue 34, item 1): planner.hf against transformers' own config classes and
-models (the `hf` extra; no downloads), the spec document's `hf_config` and POST /v1/plans with one.
+models (the `hf` extra; no downloads), the spec document's `hf_config`, `pipeplan spec --from-hf` and
+POST /v1/plans with an `hf_config`.
 
 Sizes are checked twice: against each model's published parameter count, and exactly against the
 model transformers builds from the same config on the meta device (no memory, no weights)."""
@@ -19,6 +20,9 @@ from pipeplan.planner.documents import problem_from_document
 from pipeplan.planner.spec import Spec, check_spec_size
 from pipeplan.planner.validator import validate_plan
 from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from pipeplan.cli import app
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed: pip install -e '.[hf]'")
 
@@ -274,6 +278,43 @@ def test_size_limits_see_the_config_before_anything_is_built():
     with pytest.raises(ValueError, match=r"hf_config.num_hidden_layers: 1000000000 layers exceed the limit"):
         check_spec_size({"hf_config": huge, "training": {"devices": 2, "microbatches": 2}})
     assert hf.block_count({"model_type": "llama", "num_hidden_layers": "x"}) == 0  # validation names it
+
+
+# -- the command ------------------------------------------------------------------------------------------
+runner = CliRunner()
+
+
+def test_spec_command_writes_the_example_spec(tmp_path):
+    out = tmp_path / "spec.json"
+    result = runner.invoke(app, ["spec", "--from-hf", str(LLAMA3_8B.parent), "--devices", "8", "--microbatches",
+                                 "32", "--seq-len", "8192", "--placement", "loop", "--chunks", "2", "--recompute",
+                                 "--memory-budget-gib", "40", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "Llama-3-8B (llama), 32 blocks, 8.03 B parameters, seq_len 8192" in result.stderr
+    example = json.loads((ROOT / "examples" / "specs" / "llama3_8b_8xh100_loop.json").read_text())
+    assert problem_from_document(json.loads(out.read_text())).key() == problem_from_document(example).key()
+
+
+def test_spec_command_lays_out_the_gpus(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIGS["Mixtral-8x7B"][0].to_dict()))
+    result = runner.invoke(app, ["spec", "--from-hf", str(config), "--devices", "64", "--tp", "2", "--pp", "4",
+                                 "--ep", "8", "--microbatches", "16", "--precision", "fp8"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["training"]["devices"] == 4 and doc["precision"] == "fp8"
+    assert doc["parallel"] == {"tp": 2, "cp": 1, "ep": 8, "gpus": 64}
+    assert "(tp 2 x cp 1 x pp 4 x dp 8, ep 8)" in result.stderr
+    assert "parallel" not in json.loads(runner.invoke(app, ["spec", "--from-hf", str(config), "--devices", "8",
+                                                            "--microbatches", "8"]).stdout)
+    for args, message in ((["--devices", "12", "--tp", "8"], "--devices: 12 is not a multiple of tp x cp = 8"),
+                          (["--devices", "24", "--tp", "3"], "parallel.tp: 3 does not divide model.heads (32)"),
+                          (["--devices", "8", "--hardware", "B300"], "hardware: unknown preset 'B300'")):
+        result = runner.invoke(app, ["spec", "--from-hf", str(config), "--microbatches", "8", *args])
+        assert result.exit_code == 2 and message in result.stderr, result.output
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    result = runner.invoke(app, ["spec", "--from-hf", str(config), "--devices", "2", "--microbatches", "2"])
+    assert result.exit_code == 2 and "hf_config.num_hidden_layers: missing" in result.stderr
 
 
 # -- the API ----------------------------------------------------------------------------------------------
