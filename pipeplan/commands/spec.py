@@ -98,16 +98,17 @@ def spec_cmd(
     except ValidationError as exc:
         bad_input(f"{path}: the spec it gives is not valid: " + "; ".join(error_messages(exc)))
     costs = layer_costs(spec)
-    params = sum(c.params for c in costs) - (costs[0].params if spec.model.tie_embeddings else 0.0)
+    mtp = [c.params for c in costs if c.type == "mtp_head"]
+    params = sum(c.params for c in costs) - sum(mtp) - (costs[0].params if spec.model.tie_embeddings else 0.0)
     write_json(doc, out)
     par = spec.parallel_or_default
     layout = (f"tp {par.tp} x cp {par.cp} x pp {spec.training.devices} x dp {par.dp_of(spec.training.devices)}"
               + (f", ep {par.ep}" if par.ep > 1 else ""))
     where = f"wrote {out}" if out is not None else "spec"
     blocks = sum(c.type not in ("embedding", "lm_head", "mtp_head") for c in costs)
-    mtp = sum(c.type == "mtp_head" for c in costs)
-    typer.echo(f"{where}: {spec.model.name} ({model_type_of(config)}), {blocks} blocks{f' + {mtp} MTP' if mtp else ''},"
-               f" {params / 1e9:.2f} B parameters,"
+    heads = f" (+ {len(mtp)} MTP head(s), {sum(mtp) / 1e9:.2f} B)" if mtp else ""
+    typer.echo(f"{where}: {spec.model.name} ({model_type_of(config)}), {blocks} blocks, {params / 1e9:.2f} B"
+               f" parameters{heads},"
                f" seq_len {spec.model.seq_len}; {devices} GPUs ({layout}), {microbatches} microbatches",
                err=True)
     for note in notes:
