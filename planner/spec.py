@@ -539,9 +539,9 @@ def check_spec_size(doc: Any, limits: Limits = DEFAULT_LIMITS) -> None:
     if layers > limits.max_layers:
         field = next((f for f in ("layers", "pattern", "stack") if model.get(f) is not None), "layers")
         raise ValueError(f"model.{field}: {layers} layers exceed the limit {limits.max_layers}")
-    if "hf_config" in doc and hf.block_count(doc["hf_config"]) > limits.max_layers:
-        raise ValueError(f"hf_config.num_hidden_layers: {hf.block_count(doc['hf_config'])} layers exceed the"
-                         f" limit {limits.max_layers}")
+    blocks = hf.block_count(doc["hf_config"]) if "hf_config" in doc else 0
+    if blocks > limits.max_layers:
+        raise ValueError(f"hf_config.num_hidden_layers: {blocks} layers exceed the limit {limits.max_layers}")
     devices = _int(training.get("devices")) or 1
     microbatches = _int(training.get("microbatches")) or 1
     chunks = _int(training.get("chunks")) or (2 if training.get("placement") == "v" else 1)

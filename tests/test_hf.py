@@ -314,6 +314,9 @@ def test_spec_command_lays_out_the_gpus(tmp_path):
                           (["--devices", "8", "--hardware", "B300"], "hardware: unknown preset 'B300'")):
         result = runner.invoke(app, ["spec", "--from-hf", str(config), "--microbatches", "8", *args])
         assert result.exit_code == 2 and message in result.stderr, result.output
+    config.write_text(json.dumps({"model_type": "mistral", "num_hidden_layers": 10**9, "sliding_window": 8}))
+    result = runner.invoke(app, ["spec", "--from-hf", str(config), "--devices", "2", "--microbatches", "2"])
+    assert result.exit_code == 2 and "hf_config.num_hidden_layers: 1000000000 layers exceed" in result.stderr
     config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
     result = runner.invoke(app, ["spec", "--from-hf", str(config), "--devices", "2", "--microbatches", "2"])
     assert result.exit_code == 2 and "hf_config.num_hidden_layers: missing" in result.stderr

@@ -74,10 +74,15 @@ def spec_cmd(
     from pipeplan.planner.contract import error_messages
     from pipeplan.planner.costmodel import layer_costs
     from pipeplan.planner.hf import HfConfigError, model_type_of, spec_document
-    from pipeplan.planner.spec import Spec
+    from pipeplan.planner.spec import Spec, check_spec_size
+    from pipeplan.settings import get_settings
 
     path = from_hf / "config.json" if from_hf.is_dir() else from_hf
     config = read_json(path)
+    try:  # a config asking for a billion layers is refused before any list of them is built
+        check_spec_size({"hf_config": config}, get_settings().limits)
+    except ValueError as exc:
+        bad_input(f"{path}: {exc}")
     given = {"name": name, "seq_len": seq_len, "micro_batch_size": micro_batch_size}
     model = {k: v for k, v in given.items() if v is not None}
     if name is None and not (isinstance(config, dict) and config.get("_name_or_path")):
@@ -108,9 +113,8 @@ def spec_cmd(
     blocks = sum(c.type not in ("embedding", "lm_head", "mtp_head") for c in costs)
     heads = f" (+ {len(mtp)} MTP head(s), {sum(mtp) / 1e9:.2f} B)" if mtp else ""
     typer.echo(f"{where}: {spec.model.name} ({model_type_of(config)}), {blocks} blocks, {params / 1e9:.2f} B"
-               f" parameters{heads},"
-               f" seq_len {spec.model.seq_len}; {devices} GPUs ({layout}), {microbatches} microbatches",
-               err=True)
+               f" parameters{heads}, seq_len {spec.model.seq_len}; {devices} GPUs ({layout}), {microbatches}"
+               " microbatches", err=True)
     for note in notes:
         typer.echo(f"note: {note}", err=True)
 
