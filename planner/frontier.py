@@ -60,7 +60,7 @@ def device_memory(problem: Problem) -> tuple[float, str] | None:
     """One GPU's memory and where it comes from: the larger of the hardware preset's HBM (a problem
     converted from a spec names its hardware in `metadata.hardware`) and the problem's largest finite
     device limit; None when neither is known."""
-    from .costmodel import HARDWARE
+    from .spec import HARDWARE
 
     known = []
     preset = HARDWARE.get(str(problem.metadata.get("hardware", "")))
