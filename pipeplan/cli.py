@@ -20,7 +20,8 @@ app = typer.Typer(
 
 # Each module registers its own commands; a module whose optional dependencies are missing still
 # registers, and its commands explain which extra to install when run.
-COMMAND_MODULES = ("planning", "solving", "adaptive", "server", "frontier", "fidelity", "profile", "exporting")
+COMMAND_MODULES = ("spec", "planning", "solving", "adaptive", "server", "frontier", "fidelity", "profile",
+                   "exporting")
 
 for _name in COMMAND_MODULES:
     try:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from . import hf
 from .contract import DEFAULT_LIMITS, PROBLEM_FORMAT, Limits
 
 MIB = 2.0**20
@@ -346,10 +348,22 @@ class Training(BaseModel):
         return self.chunks or (2 if self.placement == "v" else 1)
 
 
-class Spec(BaseModel):
-    """A model spec document: what `problem_from_document` accepts besides a problem v1."""
+def _hf_config_schema(schema: dict[str, Any]) -> None:
+    """The JSON schema says what `Spec._from_hf` accepts: `hf_config` in place of (or beside) `model`."""
+    schema["properties"]["hf_config"] = {
+        "type": "object", "title": "Hf Config",
+        "description": "A Hugging Face config.json (model_type one of " + ", ".join(hf.FAMILIES) + ") in place"
+        " of model; model fields given beside it override the mapped ones (docs/costmodel.md)"}
+    schema["required"] = [r for r in schema.get("required", []) if r != "model"]
+    schema["anyOf"] = [{"required": ["model"]}, {"required": ["hf_config"]}]
 
-    model_config = ConfigDict(extra="forbid")
+
+class Spec(BaseModel):
+    """A model spec document: what `problem_from_document` accepts besides a problem v1. Its model is
+    `model`, or a Hugging Face config.json in `hf_config` (planner.hf maps it; `model` fields beside it
+    override what the mapping chose, e.g. seq_len)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_hf_config_schema)
 
     format: Literal["pipeplan.spec/v1"] = SPEC_FORMAT
     model: ModelSpec
@@ -363,6 +377,23 @@ class Spec(BaseModel):
     precision: PRECISION | None = Field(
         default=None, description="bf16, or fp8 linear layers; selects the calibrated estimate")
     cluster: Cluster | None = Field(default=None, description="nodes and links (a preset name or fields)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_hf(cls, value: Any) -> Any:
+        """`hf_config` becomes `model`; its errors are located under hf_config (e.g. the missing key)."""
+        if not isinstance(value, dict) or "hf_config" not in value:
+            return value
+        rest = {k: v for k, v in value.items() if k != "hf_config"}
+        try:
+            fields = hf.model_fields(value["hf_config"]).fields
+        except hf.HfConfigError as exc:
+            error = PydanticCustomError("hf_config", "{reason}", {"reason": exc.reason})
+            raise ValidationError.from_exception_data(cls.__name__, [InitErrorDetails(
+                type=error, loc=("hf_config", *exc.path), input=value["hf_config"])]) from None
+        overrides = {} if rest.get("model") is None else rest["model"]
+        rest["model"] = {**fields, **overrides} if isinstance(overrides, dict) else overrides
+        return rest
 
     @field_validator("hardware", mode="before")
     @classmethod
@@ -508,6 +539,9 @@ def check_spec_size(doc: Any, limits: Limits = DEFAULT_LIMITS) -> None:
     if layers > limits.max_layers:
         field = next((f for f in ("layers", "pattern", "stack") if model.get(f) is not None), "layers")
         raise ValueError(f"model.{field}: {layers} layers exceed the limit {limits.max_layers}")
+    blocks = hf.block_count(doc["hf_config"]) if "hf_config" in doc else 0
+    if blocks > limits.max_layers:
+        raise ValueError(f"hf_config.num_hidden_layers: {blocks} layers exceed the limit {limits.max_layers}")
     devices = _int(training.get("devices")) or 1
     microbatches = _int(training.get("microbatches")) or 1
     chunks = _int(training.get("chunks")) or (2 if training.get("placement") == "v" else 1)
