@@ -14,12 +14,12 @@ tokens_per_s_per_gpu is the prediction. The peak is the plan's largest device pe
 limit. "pipeplan" is the best of the fast heuristics (planner.baselines.best_heuristic; no CP-SAT:
 these pipelines have up to 33k ops) on the same problem limited to the HBM, B and W split allowed.
 
-Calibration (docs/costmodel.md): four figures, each fitted on the one run named in the table's
+Calibration (docs/costmodel.md): five figures, each fitted on the one run named in the table's
 "role" column so that the prediction meets the measurement; every other row is a check. The fitted
-values live in planner/spec.py (H100_EFFICIENCY, CLUSTER_EFFICIENCY) and bench/published_runs.py
-(GRAND_TETON); --fit recomputes them from the presets' starting point and prints them. "gap" is a
-plan's pipeline makespan against the proven lower bound (planner.bounds), for the run's schedule and
-for pipeplan's.
+values live in planner/spec.py (H100_EFFICIENCY, CLUSTER_EFFICIENCY, H100_HOST) and
+bench/published_runs.py (GRAND_TETON); --fit recomputes them from the presets' starting point and
+prints them. "gap" is a plan's pipeline makespan against the proven lower bound (planner.bounds), for
+the run's schedule and for pipeplan's.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from typing import Any
 
 SOURCES = {
     "mbridge": "NVIDIA Megatron-Bridge, docs/performance-summary-archive.md (github.com/NVIDIA-NeMo/"
-               "Megatron-Bridge, commit 4ab94dfa, 2026-08-11), DGX-H100 rows; recipes: scripts/performance/configs"
-               " at tag v0.2.0 (container 25.11)",
+               "Megatron-Bridge, commit 4ab94dfa, 2026-08-11), DGX-H100 rows; recipes: scripts/performance at"
+               " tags v0.1.0rc4, v0.2.0, v0.3.0, v0.4.0 (containers 25.09, 25.11, 26.02, 26.04)",
     "nemo2407": "NVIDIA NeMo, docs/source/performance/performance_summary.md at commit 8e3d65dc (2024-09-09,"
                 " its last version; container NeMo 24.07, DGX-H100, FP8); recipes: NeMo-Framework-Launcher"
                 " launcher_scripts/conf/training",
@@ -82,9 +82,14 @@ H100_96GB_500W = {"preset": "H100-80GB", "name": "H100-96GB-500W", "hbm_gib": 95
 # Megatron-Bridge dense recipes: TP communication overlap (userbuffers), gradients reduced in bf16
 # (grad_reduce_in_fp32 False), distributed optimizer with overlapped gradient reduce / param gather.
 MB_DENSE = {"tp_overlap": 1.0, "grad_dtype": "bf16"}
-# Megatron-Bridge Qwen3 / DeepSeek-V3 H100 recipes: tp_comm_overlap False, moe_a2a_overlap True.
+# Megatron-Bridge Qwen3 / DeepSeek-V3 H100 recipes: tp_comm_overlap False, moe_a2a_overlap True
+# (overlap_moe_expert_parallel_comm with delay_wgrad_compute); every MoE row is dropless with forced
+# load balancing and runs without CUDA graphs. Dispatchers: alltoall (Qwen3-235B, Qwen3-30B 25.11),
+# DeepEP (Qwen3-30B 26.02, DeepSeek-V3 25.09). Recompute: none (Qwen3), selective mla_up_proj + mlp (DeepSeek-V3, not
+# modelled).
 MB_MOE_OVERLAP = {"tp_overlap": 0.0, "ep_overlap": 1.0, "grad_dtype": "bf16"}
-# GPT-OSS H100: no TP, no all-to-all overlap.
+# GPT-OSS H100 (v0.4.0): no TP, alltoall dispatcher without all-to-all overlap, selective recompute of
+# layernorm + moe_act (not modelled).
 MB_MOE = {"grad_dtype": "bf16"}
 # NeMo 24.07 launcher: ub_tp_comm_overlap True, mcore distributed optimizer, grad_sync_dtype bf16.
 NEMO = {"tp_overlap": 1.0, "grad_dtype": "bf16"}

@@ -67,7 +67,9 @@ over cp, static memory with the optimizer sharded over dp x cp (experts over edp
 the CP ring and expert all-to-alls add what their overlap leaves on the compute stream
 (planner/layout.py times them); each stage gets its gradient reduction, each device its optimizer
 step, the problem its workload. With `precision` the time is the calibrated estimate: matmuls at
-fitted fractions of the FP8 / 16-bit peaks, attention on the scores a causal kernel computes.
+fitted fractions of the FP8 / 16-bit peaks, attention on the scores a causal kernel computes, a MoE
+layer's routed copies (permutation, expert activation, FP8 casts) at the HBM rate, and each MoE layer
+pass no shorter than the host's time to issue it (`hardware.moe_host_ms`, fitted).
 Without those fields every number is the original estimate above, so old specs keep their keys.
 """
 
