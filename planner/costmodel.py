@@ -141,7 +141,7 @@ class _Parts(BaseModel):
     ring_width: float = 0.0  # K and V values per token an attention layer passes around the CP ring
     stream_bytes: float = 0.0  # routed experts' element-wise (memory-bound) traffic in F; B moves twice it
     cast_bytes: float = 0.0  # FP8 runs: scaling and casting the routed experts' inputs, in F; B twice
-    moe_layers: float = 0.0  # MoE layers (each waits for the host once per pass when dropless)
+    moe_layers: float = 0.0  # MoE layers (each pass no shorter than the host's time to issue it)
 
 
 def _attention(m: ModelSpec, t: Training) -> _Parts:
@@ -359,9 +359,9 @@ def _pass_times(p: _Parts, spec: Spec, layout: Layout, block: int | None
                 ) -> tuple[float, float, float, float]:
     """F, B, W compute time of one layer on one GPU (calibrated estimate) and its attention kernels' F:
     FP8-able matmuls at the FP8 rate, the rest at the 16-bit one, the scores a kernel computes
-    (`_attended`); element-wise kernels and FP8 casts at the HBM rate, twice their traffic in B (a
-    backward reads what the forward read and the output's gradient, and writes the input's); all
-    over tp x cp (sequence parallelism splits the element-wise work too)."""
+    (`_attended`); the routed experts' element-wise kernels and FP8 casts at the HBM rate, twice
+    their traffic in B (a backward reads what the forward read and the output's gradient, and writes
+    the input's); all over tp x cp."""
     r = _Rates.of(spec)
     share = layout.tp * layout.cp
     core = p.core_flops * (_attended(spec.model, block) if block is not None else 1.0)

@@ -28,7 +28,7 @@ PRECISION = Literal["bf16", "fp8"]
 H100_EFFICIENCY = {"bf16_efficiency": 0.491, "fp8_efficiency": 0.491}
 CLUSTER_EFFICIENCY = {"bus_efficiency": 0.738}
 # The host's time to issue one MoE layer pass of a dropless Megatron run on a DGX H100 node (fitted;
-# docs/costmodel.md, "MoE layers on the host").
+# docs/costmodel.md, "MoE layers").
 H100_HOST = {"moe_host_ms": 4.37}
 
 

@@ -255,10 +255,10 @@ SMALL_MOE = {"layers": 2, "hidden": 1024, "heads": 8, "vocab": 1000, "seq_len": 
              "top_k": 4, "moe_ffn": 512}
 
 
-def moe_layer(precision: str, host_ms: float = 0.0, model: dict | None = None, parallel: dict | None = None):
-    doc = {"model": model or SMALL_MOE, "precision": precision,
+def moe_layer(precision: str, host_ms: float = 0.0):
+    doc = {"model": SMALL_MOE, "precision": precision,
            "hardware": {"preset": "H100-80GB", "moe_host_ms": host_ms},
-           "training": {"devices": 1, "microbatches": 2}, "parallel": parallel or {"tp": 1}}
+           "training": {"devices": 1, "microbatches": 2}, "parallel": {"tp": 1}}
     return next(c for c in layer_costs(Spec.model_validate(doc)) if c.type == "moe")
 
 
