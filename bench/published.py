@@ -14,12 +14,12 @@ tokens_per_s_per_gpu is the prediction. The peak is the plan's largest device pe
 limit. "pipeplan" is the best of the fast heuristics (planner.baselines.best_heuristic; no CP-SAT:
 these pipelines have up to 33k ops) on the same problem limited to the HBM, B and W split allowed.
 
-Calibration (docs/costmodel.md): four figures, each fitted on the one run named in the table's
+Calibration (docs/costmodel.md): five figures, each fitted on the one run named in the table's
 "role" column so that the prediction meets the measurement; every other row is a check. The fitted
-values live in planner/spec.py (H100_EFFICIENCY, CLUSTER_EFFICIENCY) and bench/published_runs.py
-(GRAND_TETON); --fit recomputes them from the presets' starting point and prints them. "gap" is a
-plan's pipeline makespan against the proven lower bound (planner.bounds), for the run's schedule and
-for pipeplan's.
+values live in planner/spec.py (H100_EFFICIENCY, CLUSTER_EFFICIENCY, H100_HOST) and
+bench/published_runs.py (GRAND_TETON); --fit recomputes them from the presets' starting point and
+prints them. "gap" is a plan's pipeline makespan against the proven lower bound (planner.bounds), for
+the run's schedule and for pipeplan's.
 """
 
 from __future__ import annotations
@@ -95,11 +95,11 @@ def predict(run: Run, hardware: dict[str, Any] | None = None, cluster: dict[str,
 # --------------------------------------------------------------------------------------------------
 # Calibration
 # --------------------------------------------------------------------------------------------------
-def _solve(measure, target: float, lo: float, hi: float) -> float:
-    """x in [lo, hi] with measure(x) = target (measure increasing in x), by bisection on a log scale."""
+def _solve(measure, target: float, lo: float, hi: float, increasing: bool = True) -> float:
+    """x in [lo, hi] with measure(x) = target (measure monotonic in x), by bisection on a log scale."""
     for _ in range(40):
         mid = math.sqrt(lo * hi)
-        if measure(mid) < target:
+        if (measure(mid) < target) == increasing:
             lo = mid
         else:
             hi = mid
@@ -111,28 +111,35 @@ def _solve(measure, target: float, lo: float, hi: float) -> float:
 def figures() -> dict[str, float]:
     """The calibrated figures as the presets hold them now."""
     h100, dgx = HARDWARE["H100-80GB"], CLUSTERS["DGX-H100"]
-    return {"matmul_efficiency": h100.fp8_efficiency, "bus_efficiency": dgx.bus_efficiency, **GRAND_TETON}
+    return {"matmul_efficiency": h100.fp8_efficiency, "bus_efficiency": dgx.bus_efficiency, **GRAND_TETON,
+            "moe_host_ms": h100.moe_host_ms}
 
 
 def predict_with(run: Run, fig: dict[str, float]) -> Prediction:
     """`predict` with every calibrated figure taken from `fig` instead of the presets."""
-    hw = {"fp8_efficiency": fig["matmul_efficiency"], "bf16_efficiency": fig["matmul_efficiency"]}
+    hw = {"fp8_efficiency": fig["matmul_efficiency"], "bf16_efficiency": fig["matmul_efficiency"],
+          "moe_host_ms": fig["moe_host_ms"]}
     if isinstance(run.hardware, dict):  # torchtitan's H100
         hw |= {"peak_tflops": 989 * fig["clock"], "fp8_tflops": 1979 * fig["clock"],
                "attention_efficiency": fig["attention_efficiency"]}
     return predict(run, hw, {"bus_efficiency": fig["bus_efficiency"]})
 
 
+# Each figure's search range, and whether the prediction rises with it (a host floor slows it).
+RANGES = {"moe_host_ms": (0.01, 100.0, False)}
+
+
 def fit(rounds: int = 3) -> dict[str, float]:
     """Fit each figure (FIGURES) on its run so that the prediction meets the measurement, in turn,
     a few rounds since they interact a little (FP8 runs keep attention in 16 bits, MoE runs depend
-    on the links and the expert rate together)."""
+    on the links, the host and the matmul rate together)."""
     fig = figures()
     for r in range(rounds):
         for name in FIGURES:
             run = next(x for x in RUNS if x.calibrates == name)
+            lo, hi, increasing = RANGES.get(name, (0.02, 1.0, True))
             fig[name] = _solve(lambda v, run=run, name=name: predict_with(run, {**fig, name: v}).tokens,
-                               run.measured, 0.02, 1.0)
+                               run.measured, lo, hi, increasing)
             print(f"round {r + 1}: {name} = {fig[name]:.4f} (on {run.id})", file=sys.stderr)
     return fig
 

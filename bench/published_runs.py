@@ -24,8 +24,8 @@ from typing import Any
 
 SOURCES = {
     "mbridge": "NVIDIA Megatron-Bridge, docs/performance-summary-archive.md (github.com/NVIDIA-NeMo/"
-               "Megatron-Bridge, commit 4ab94dfa, 2026-08-11), DGX-H100 rows; recipes: scripts/performance/configs"
-               " at tag v0.2.0 (container 25.11)",
+               "Megatron-Bridge, commit 4ab94dfa, 2026-08-11), DGX-H100 rows; recipes: scripts/performance at"
+               " tags v0.1.0rc4, v0.2.0, v0.3.0, v0.4.0 (containers 25.09, 25.11, 26.02, 26.04)",
     "nemo2407": "NVIDIA NeMo, docs/source/performance/performance_summary.md at commit 8e3d65dc (2024-09-09,"
                 " its last version; container NeMo 24.07, DGX-H100, FP8); recipes: NeMo-Framework-Launcher"
                 " launcher_scripts/conf/training",
@@ -82,9 +82,14 @@ H100_96GB_500W = {"preset": "H100-80GB", "name": "H100-96GB-500W", "hbm_gib": 95
 # Megatron-Bridge dense recipes: TP communication overlap (userbuffers), gradients reduced in bf16
 # (grad_reduce_in_fp32 False), distributed optimizer with overlapped gradient reduce / param gather.
 MB_DENSE = {"tp_overlap": 1.0, "grad_dtype": "bf16"}
-# Megatron-Bridge Qwen3 / DeepSeek-V3 H100 recipes: tp_comm_overlap False, moe_a2a_overlap True.
+# Megatron-Bridge Qwen3 / DeepSeek-V3 H100 recipes: tp_comm_overlap False, moe_a2a_overlap True
+# (overlap_moe_expert_parallel_comm with delay_wgrad_compute); every MoE row is dropless with forced
+# load balancing and runs without CUDA graphs. Dispatchers: alltoall (Qwen3-235B, Qwen3-30B 25.11),
+# DeepEP (Qwen3-30B 26.02, DeepSeek-V3 25.09). Recompute: none (Qwen3), selective mla_up_proj + mlp (DeepSeek-V3, not
+# modelled).
 MB_MOE_OVERLAP = {"tp_overlap": 0.0, "ep_overlap": 1.0, "grad_dtype": "bf16"}
-# GPT-OSS H100: no TP, no all-to-all overlap.
+# GPT-OSS H100 (v0.4.0): no TP, alltoall dispatcher without all-to-all overlap, selective recompute of
+# layernorm + moe_act (not modelled).
 MB_MOE = {"grad_dtype": "bf16"}
 # NeMo 24.07 launcher: ub_tp_comm_overlap True, mcore distributed optimizer, grad_sync_dtype bf16.
 NEMO = {"tp_overlap": 1.0, "grad_dtype": "bf16"}
@@ -177,7 +182,7 @@ RUNS: list[Run] = [
     Run("gpt-oss-120b-gbs1280", "mbridge", "26.04.01, GPT OSS 120B", GPT_OSS_120B, 4096, "bf16", 64, 1, 4, 1, 1280,
         5824, ep=8, settings=MB_MOE, family="moe"),
     Run("qwen3-30b-a3b-vp12", "mbridge", "26.02.01, Qwen3_30B_a3B", QWEN3_30B_A3B, 4096, "fp8", 16, 1, 2, 1, 1024,
-        9058, vp=12, ep=8, settings=MB_MOE_OVERLAP, family="moe"),
+        9058, vp=12, ep=8, settings=MB_MOE_OVERLAP, calibrates="moe_host_ms", family="moe"),
     Run("qwen3-30b-a3b-vp24", "mbridge", "25.11, DGX-H100 table", QWEN3_30B_A3B, 4096, "fp8", 16, 1, 2, 2, 512,
         5275, vp=24, ep=8, settings=MB_MOE_OVERLAP, family="moe"),
     Run("qwen3-235b-a22b-gbs8192", "mbridge", "26.04.01, Qwen3_235B_a22B", QWEN3_235B_A22B, 4096, "fp8", 256, 2, 8,
@@ -228,6 +233,8 @@ FIGURES = {
     "bus_efficiency": "DGX-H100 links (CLUSTER_EFFICIENCY); the newest MoE run whose all-to-alls cross nodes",
     "clock": "torchtitan's 500 W H100 against the SXM peaks (GRAND_TETON); its 1F1B run",
     "attention_efficiency": "torchtitan's attention kernels (GRAND_TETON); its middle long-context run",
+    "moe_host_ms": "the host's time to issue one MoE layer pass (planner/spec.py H100_HOST); the newest run of"
+                   " the smallest MoE layers (hidden 2048, experts of 768), where the host shows most",
 }
 
 # The published pair that differs only in the schedule (torchtitan Table 5).

@@ -67,7 +67,9 @@ over cp, static memory with the optimizer sharded over dp x cp (experts over edp
 the CP ring and expert all-to-alls add what their overlap leaves on the compute stream
 (planner/layout.py times them); each stage gets its gradient reduction, each device its optimizer
 step, the problem its workload. With `precision` the time is the calibrated estimate: matmuls at
-fitted fractions of the FP8 / 16-bit peaks, attention on the scores a causal kernel computes.
+fitted fractions of the FP8 / 16-bit peaks, attention on the scores a causal kernel computes, a MoE
+layer's routed copies (permutation, expert activation, FP8 casts) at the HBM rate, and each MoE layer
+pass no shorter than the host's time to issue it (`hardware.moe_host_ms`, fitted).
 Without those fields every number is the original estimate above, so old specs keep their keys.
 """
 
@@ -83,6 +85,12 @@ from .partition import balanced_partition, counts_to_ranges, stage_device, unifo
 from .spec import DTYPE_BYTES, MIB, ModelSpec, Spec, Training
 
 COSTMODEL_VERSION = "pipeplan.costmodel/1"
+
+# Memory traffic of the kernels that are not matmuls (calibrated estimate): bytes per 16-bit value an
+# element-wise kernel reads or writes, and bytes per value of an FP8 matmul input under current
+# scaling -- an amax pass (read 2 B), a cast (read 2 B) writing row- and column-wise FP8 copies (2 x 1 B).
+STREAM = 2
+CAST = 6
 
 
 # --------------------------------------------------------------------------------------------------
@@ -131,6 +139,9 @@ class _Parts(BaseModel):
     tp_collectives: float = 0.0  # TP all-gathers + reduce-scatters of the hidden state per pass
     all_to_alls: float = 0.0  # expert all-to-alls per pass (dispatch, combine)
     ring_width: float = 0.0  # K and V values per token an attention layer passes around the CP ring
+    stream_bytes: float = 0.0  # routed experts' element-wise (memory-bound) traffic in F; B moves twice it
+    cast_bytes: float = 0.0  # FP8 runs: scaling and casting the routed experts' inputs, in F; B twice
+    moe_layers: float = 0.0  # MoE layers (each pass no shorter than the host's time to issue it)
 
 
 def _attention(m: ModelSpec, t: Training) -> _Parts:
@@ -225,6 +236,15 @@ def _moe_mlp(m: ModelSpec) -> _Parts:
     # the parallel estimate accounts for); a shared expert is a TP-split MLP
     out.tp_collectives = 2 if m.shared_experts else 0
     out.all_to_alls = 2
+    out.moe_layers = 1
+    # Element-wise traffic of the routed path, per routed copy of a token: permutation and unpermutation
+    # each read and write the hidden state (4h values), the fused activation reads gate and up and
+    # writes fe (3fe, 2fe when not gated); FP8 casts of both expert inputs (h, fe). A dense layer's
+    # element-wise work stays inside the fitted matmul efficiency (docs/costmodel.md says why);
+    # fine-grained experts repeat it top_k times per token for a fraction of a dense MLP's matmuls.
+    copies = b * s * k
+    out.stream_bytes = copies * STREAM * (4 * h + (3 if m.gated_mlp else 2) * fe)
+    out.cast_bytes = copies * CAST * (h + fe)
     return out
 
 
@@ -335,9 +355,13 @@ class _Rates(BaseModel):
         return cls(bf16=bf16, fp8=fp8, attention=attention, moe=hw.moe_efficiency, hbm=hw.hbm_gbps * 1e6)
 
 
-def _pass_times(p: _Parts, spec: Spec, layout: Layout, block: int | None) -> tuple[float, float, float]:
-    """F, B, W compute time of one layer on one GPU (calibrated estimate): FP8-able matmuls at the FP8
-    rate, the rest at the 16-bit one, the scores a kernel computes (`_attended`), all over tp x cp."""
+def _pass_times(p: _Parts, spec: Spec, layout: Layout, block: int | None
+                ) -> tuple[float, float, float, float]:
+    """F, B, W compute time of one layer on one GPU (calibrated estimate) and its attention kernels' F:
+    FP8-able matmuls at the FP8 rate, the rest at the 16-bit one, the scores a kernel computes
+    (`_attended`); the routed experts' element-wise kernels and FP8 casts at the HBM rate, twice
+    their traffic in B (a backward reads what the forward read and the output's gradient, and writes
+    the input's); all over tp x cp."""
     r = _Rates.of(spec)
     share = layout.tp * layout.cp
     core = p.core_flops * (_attended(spec.model, block) if block is not None else 1.0)
@@ -345,7 +369,8 @@ def _pass_times(p: _Parts, spec: Spec, layout: Layout, block: int | None) -> tup
     linear = ((p.linear_flops - p.bf16_flops + expert) / r.fp8 + p.bf16_flops / r.bf16) / share
     core_ms = core / (r.attention if block is not None else r.bf16) / share
     hbm = p.hbm_bytes / layout.cp / r.hbm
-    return linear + core_ms + hbm, linear + 2 * core_ms + hbm, linear + hbm
+    stream = (p.stream_bytes + (p.cast_bytes if spec.precision == "fp8" else 0.0)) / share / r.hbm
+    return linear + core_ms + hbm + stream, linear + 2 * core_ms + hbm + 2 * stream, linear + hbm, core_ms
 
 
 def _exposed_comm(p: _Parts, spec: Spec, layout: Layout, compute: tuple[float, float], core_ms: float
@@ -370,6 +395,21 @@ def _exposed_comm(p: _Parts, spec: Spec, layout: Layout, compute: tuple[float, f
         shown += max(0.0, (k + 1) * (ring - core_ms))
         out.append(shown)
     return out[0], out[1]
+
+
+def _host_floor(p: _Parts, spec: Spec, fwd: float, bi: float, bw: float) -> tuple[float, float]:
+    """F and B of a MoE layer when the host bounds them (calibrated estimate, docs/costmodel.md).
+
+    A MoE layer pass issues hundreds of small kernels (routing, permutation, one GEMM per local expert
+    and pass in Transformer Engine's grouped linear on Hopper), and a dropless dispatcher copies the
+    tokens each expert receives to the host every pass (Megatron-Core's token dispatchers synchronise
+    there unless inputs are padded to a fixed capacity), so the host cannot run ahead of the device
+    across layers: each pass lasts at least the host's time to issue it, `hardware.moe_host_ms` per
+    MoE layer. The backward's floor covers B and W together (Megatron runs them in one pass)."""
+    host = p.moe_layers * spec.hardware.moe_host_ms
+    if host <= 0:
+        return fwd, bi
+    return max(fwd, host), max(bi + bw, host) - bw
 
 
 def _per_gpu_memory(p: _Parts, spec: Spec, layout: Layout) -> tuple[float, float]:
@@ -408,8 +448,7 @@ def layer_costs(spec: Spec) -> list[LayerCost]:
             if layout is not None and layout.tp * layout.cp > 1:
                 fwd, bi, bw, core_ms = (x / (layout.tp * layout.cp) for x in (fwd, bi, bw, core_ms))
         else:
-            fwd, bi, bw = _pass_times(p, spec, layout, attending)
-            core_ms = bi - fwd
+            fwd, bi, bw, core_ms = _pass_times(p, spec, layout, attending)
         act, wg = p.act, p.wgrad
         transient = 0.0
         if layout is not None:
@@ -420,6 +459,8 @@ def layer_costs(spec: Spec) -> list[LayerCost]:
                 transient, act = act, min(act, boundary_bytes(model) / (layout.tp * layout.cp))
                 wg, bi = min(wg, act), bi + fwd + fwd_comm
             fwd, bi = fwd + fwd_comm, bi + bi_comm
+            if spec.precision is not None:
+                fwd, bi = _host_floor(p, spec, fwd, bi, bw)
         if g.type in BLOCKS:
             block += 1
         act = g.activation_mib * MIB if g.activation_mib is not None else act

@@ -29,6 +29,9 @@ PRECISION = Literal["bf16", "fp8"]
 # which published runs): achieved fractions of the H100's peaks, and of the DGX links' rates.
 H100_EFFICIENCY = {"bf16_efficiency": 0.491, "fp8_efficiency": 0.491}
 CLUSTER_EFFICIENCY = {"bus_efficiency": 0.738}
+# The host's time to issue one MoE layer pass of a dropless Megatron run on a DGX H100 node (fitted;
+# docs/costmodel.md, "MoE layers").
+H100_HOST = {"moe_host_ms": 4.37}
 
 
 class LayerGroup(BaseModel):
@@ -203,8 +206,11 @@ class Hardware(BaseModel):
         default=None, gt=0, le=1, description="calibrated estimate: attention kernels' achieved fraction of"
         " peak_tflops (default: bf16_efficiency)")
     moe_efficiency: float = Field(
-        default=1.0, gt=0, le=1, description="calibrated estimate: routed-expert work's achieved fraction of"
-        " the dense matmul rate (grouped GEMMs, token permutation, routing synchronisation)")
+        default=1.0, gt=0, le=1, description="calibrated estimate: routed-expert matmuls' achieved fraction of"
+        " the dense matmul rate (grouped GEMMs)")
+    moe_host_ms: float = Field(
+        default=0.0, ge=0, description="calibrated estimate: host (CPU) time to issue one pass (forward, or"
+        " backward) of a MoE layer; the pass lasts at least this long (0: never host-bound)")
     hbm_gib: float = Field(gt=0)
     hbm_gbps: float = Field(default=2000.0, gt=0, description="HBM bandwidth, GB/s")
     host_link_gbps: float = Field(gt=0, description="device<->host copy bandwidth per direction, GB/s")
@@ -217,18 +223,19 @@ class Hardware(BaseModel):
 # 64) for H100/H200. Inter-stage link: NVLink per direction at ~80% (A100: 300 GB/s, H100/H200: 450
 # GB/s per direction on the datasheet). Across nodes, override link_gbps with the NIC rate (e.g. 50 for
 # 400 Gb/s InfiniBand), or give a `cluster`. hbm_gib is the memory nvidia-smi reports. `mfu` is the
-# original estimate's figure; bf16_efficiency and fp8_efficiency are the calibrated estimate's,
-# fitted on published H100 runs (docs/costmodel.md: which runs, and the fit); H200 has H100's compute
-# (same SXM5 tensor cores and clocks), so it takes H100's figures; A100's are not calibrated.
+# original estimate's figure; bf16_efficiency, fp8_efficiency and moe_host_ms are the calibrated
+# estimate's, fitted on published H100 runs (docs/costmodel.md: which runs, and the fit); H200 has
+# H100's compute (same SXM5 tensor cores and clocks) and DGX host, so it takes H100's figures; A100's
+# are not calibrated.
 HARDWARE: dict[str, Hardware] = {
     "A100-40GB": Hardware(name="A100-40GB", peak_tflops=312, mfu=0.5, hbm_gib=40.0, hbm_gbps=1555,
                           host_link_gbps=25, link_gbps=240),
     "A100-80GB": Hardware(name="A100-80GB", peak_tflops=312, mfu=0.5, hbm_gib=80.0, hbm_gbps=2039,
                           host_link_gbps=25, link_gbps=240),
     "H100-80GB": Hardware(name="H100-80GB", peak_tflops=989, mfu=0.4, hbm_gib=79.6, hbm_gbps=3350,
-                          host_link_gbps=50, link_gbps=360, fp8_tflops=1979, **H100_EFFICIENCY),
+                          host_link_gbps=50, link_gbps=360, fp8_tflops=1979, **H100_EFFICIENCY, **H100_HOST),
     "H200-141GB": Hardware(name="H200-141GB", peak_tflops=989, mfu=0.4, hbm_gib=140.4, hbm_gbps=4800,
-                           host_link_gbps=50, link_gbps=360, fp8_tflops=1979, **H100_EFFICIENCY),
+                           host_link_gbps=50, link_gbps=360, fp8_tflops=1979, **H100_EFFICIENCY, **H100_HOST),
 }
 
 

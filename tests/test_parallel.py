@@ -246,3 +246,59 @@ def test_bad_parallel_specs_name_the_field(extra, field):
     with pytest.raises((ValidationError, ValueError)) as info:
         problem_from_document(doc)
     assert field in "; ".join(error_messages(info.value))
+
+
+# --------------------------------------------------------------------------------------------------
+# MoE layers: the routed path's memory traffic and the host
+# --------------------------------------------------------------------------------------------------
+SMALL_MOE = {"layers": 2, "hidden": 1024, "heads": 8, "vocab": 1000, "seq_len": 2048, "experts": 16,
+             "top_k": 4, "moe_ffn": 512}
+
+
+def moe_layer(precision: str, host_ms: float = 0.0):
+    doc = {"model": SMALL_MOE, "precision": precision,
+           "hardware": {"preset": "H100-80GB", "moe_host_ms": host_ms},
+           "training": {"devices": 1, "microbatches": 2}, "parallel": {"tp": 1}}
+    return next(c for c in layer_costs(Spec.model_validate(doc)) if c.type == "moe")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_routed_copies_move_their_permutation_activation_and_casts_through_hbm(precision):
+    """A MoE layer on one GPU by hand: matmuls at their rates, the causal scores, and per routed copy of
+    a token the element-wise traffic -- permutation and unpermutation read and write h values, the
+    fused SwiGLU reads 2fe and writes fe (2 B each) -- plus, in FP8, scaling and casting both expert
+    inputs (6 B per value). F moves it once, B twice, W not at all."""
+    s, h, e, k, fe = (SMALL_MOE[x] for x in ("seq_len", "hidden", "experts", "top_k", "moe_ffn"))
+    hw = HARDWARE["H100-80GB"]
+    bf16, fp8 = hw.peak_tflops * 1e9 * hw.bf16_efficiency, hw.fp8_tflops * 1e9 * hw.fp8_efficiency
+    fast = fp8 if precision == "fp8" else bf16
+    router, linear = 2 * s * h * e, 8 * s * h * h + 6 * k * s * h * fe  # attention projections, experts
+    matmul = router / bf16 + linear / fast
+    core = 4 * s * s * h * (s + 1) / (2 * s) / bf16
+    per_copy = 2 * (4 * h + 3 * fe) + (6 * (h + fe) if precision == "fp8" else 0)
+    traffic = s * k * per_copy / (hw.hbm_gbps * 1e6)
+    layer = moe_layer(precision)
+    assert layer.forward_ms == pytest.approx(matmul + core + traffic, rel=1e-9)
+    assert layer.backward_input_ms == pytest.approx(matmul + 2 * core + 2 * traffic, rel=1e-9)
+    assert layer.backward_weight_ms == pytest.approx(matmul, rel=1e-9)
+
+
+def test_a_moe_pass_lasts_at_least_the_hosts_time_to_issue_it():
+    """hardware.moe_host_ms is a floor per MoE layer and pass: F, and B + W together (one backward in
+    Megatron); a pass the device makes longer keeps its time; dense layers and the original estimate
+    (no precision) never get one."""
+    free = moe_layer("fp8")
+    assert free.forward_ms < 1.0 and free.backward_input_ms + free.backward_weight_ms < 2.0
+    bound = moe_layer("fp8", host_ms=5.0)
+    assert bound.forward_ms == pytest.approx(5.0)
+    assert bound.backward_input_ms + bound.backward_weight_ms == pytest.approx(5.0)
+    assert bound.backward_weight_ms == free.backward_weight_ms
+    light = moe_layer("fp8", host_ms=0.01)
+    assert (light.forward_ms, light.backward_input_ms) == (free.forward_ms, free.backward_input_ms)
+    dense_model = {k: v for k, v in SMALL_MOE.items() if k not in ("experts", "top_k", "moe_ffn")}
+    doc = {"model": dense_model, "precision": "fp8", "hardware": {"preset": "H100-80GB", "moe_host_ms": 5.0},
+           "training": {"devices": 1, "microbatches": 2}, "parallel": {"tp": 1}}
+    assert next(c for c in layer_costs(Spec.model_validate(doc)) if c.type == "dense").forward_ms < 1.0
+    original = {**doc, "model": SMALL_MOE}
+    del original["precision"]
+    assert next(c for c in layer_costs(Spec.model_validate(original)) if c.type == "moe").forward_ms < 1.0

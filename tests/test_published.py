@@ -1,6 +1,7 @@
-"""bench/published.py on a few rows: the calibrated presets reproduce their calibration run, a check
-run stays within the bench's tolerance, the published schedule pair comes out in its direction and
-ratio, and every run's data builds a problem that fits its GPUs."""
+"""bench/published.py on a few rows: the calibrated presets reproduce every calibration run, check
+runs (dense, and a large MoE run whose passes outlast the host) stay within the bench's tolerance, the
+published schedule pair comes out in its direction and ratio, and every run's data builds a problem
+that fits its GPUs."""
 
 from __future__ import annotations
 
@@ -44,6 +45,13 @@ def test_the_schedule_pair_and_its_calibration_run():
     assert any("Schedule pair" in line for line in summary([one, inter]))
 
 
-def test_a_dense_check_run_is_within_the_bench_tolerance():
-    p = predict(find("llama2-13b"))
+@pytest.mark.parametrize("run", [r for r in RUNS if r.calibrates], ids=lambda r: r.calibrates)
+def test_the_presets_are_the_fit(run):
+    """Each fitted figure (planner/spec.py, bench/published_runs.py) meets its own run."""
+    assert predict(run).tokens == pytest.approx(run.measured, rel=0.01)
+
+
+@pytest.mark.parametrize("run_id", ["llama2-13b", "deepseek-v3"])
+def test_check_runs_are_within_the_bench_tolerance(run_id):
+    p = predict(find(run_id))
     assert not p.run.calibrates and abs(p.error) <= 0.25 and p.fits
