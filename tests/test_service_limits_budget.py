@@ -16,5 +16,7 @@ def test_seeding_a_big_problem_stops_at_the_deadline():
     t0 = time.monotonic()
     result = solve(problem, 2.0, workers=1)
     took = time.monotonic() - t0
-    assert took <= 2.0 * 1.1 + 0.5, f"a 2-s budget ran {took:.1f} s"
+    # unbounded, the seeding alone runs well over 10 s; the margin is for a loaded machine (a 2-s
+    # budget took 3.2 s at load 8 on 2 cores), not for the budget
+    assert took <= 2.0 + 3.0, f"a 2-s budget ran {took:.1f} s"
     assert result.outcome == "budget" and result.plan.makespan_ms > 0
