@@ -85,7 +85,7 @@ def test_the_readme_tour_plans_under_a_memory_limit_where_offload_and_recompute_
     from pipeplan.planner.documents import problem_from_document
     from pipeplan.planner.validator import validate_plan
 
-    tour = (ROOT / "README.md").read_text().split("## A first plan from the command line")[1].split("\n## ")[0]
+    tour = (ROOT / "README.md").read_text().split("## A first plan")[1].split("\n## ")[0]
     spec_path = re.search(r"examples/specs/\S+?\.json", tour).group(0)
     spec = json.loads((ROOT / spec_path).read_text())
     assert '"memory_budget_gib"' in tour and spec["training"]["memory_budget_gib"] < 79.6
