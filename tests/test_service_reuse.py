@@ -38,12 +38,16 @@ def scaled(problem: Problem, factor: float) -> Problem:
         d.model_copy(update={"memory_limit_mib": d.memory_limit_mib * factor}) for d in problem.devices]})
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+@pytest.fixture(scope="module", params=["sqlite", "postgresql", "sqlite-child"])
 def service(request, tmp_path_factory):
-    """The service on each database; first plans wait for the whole greedy (milliseconds here), so
-    what the test compares does not depend on how far a time-boxed greedy got on a loaded machine."""
+    """The service on each database, and with every first plan in the killable child process (the
+    path of big problems and specs: it looks the neighbours up itself); first plans wait for the
+    whole greedy (milliseconds here), so what the test compares does not depend on how far a
+    time-boxed greedy got on a loaded machine."""
     settings = {"inline_greedy_s": 60, "inline_greedy_max_s": 60}
-    if request.param == "sqlite":
+    if request.param == "sqlite-child":
+        settings["inline_thread_max_ops"] = 0
+    if request.param.startswith("sqlite"):
         svc = Service(tmp_path_factory.mktemp("serve"), **settings).start()
         yield svc
         svc.stop()
