@@ -46,7 +46,7 @@ from bench.common import run_forked
 from bench.model_suite import find
 from bench.models import rows_of
 
-DEFAULT_CASES = "qwen2.5-3b-p8-tied@70%,llama2-7b-p8@70%,gemma2-9b-p8-v-40gib,llama3-8b-p8-mixed-40-26"
+DEFAULT_CASES = "qwen2.5-3b-p8-tied@70%,llama2-7b-p8@70%,gemma2-9b-p8-v-26gib,llama3-8b-p8-mixed-40-26"
 QUICK_CASE = "qwen2.5-3b-p8-tied@70%"
 CASE_TIMEOUT_S = 1800.0
 

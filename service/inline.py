@@ -9,10 +9,11 @@ heuristic runs in the refine job (planner.solver seeds with all of them).
 
 At a miss whose classic schedules are not at the proven bound, the cache's nearest neighbours (same
 structure, other numbers: planner.reuse, docs/reuse.md) lend their best plans: re-timed, resized or
-repaired for this problem within `inline_reuse_s`, and served when faster than the usual first plan.
-The reuse comes out of the greedy's box, not on top of it: with a reused plan in hand the greedy is
-not waited for past its soft box (a fitting plan exists), and without one its hard box is what the
-reuse left of `inline_greedy_max_s`. So revision 1 takes no longer than before at the defaults.
+repaired for this problem, and served when faster than the usual first plan. The usual plan is
+computed first, exactly as without a cache; the reuse gets what is left of the same box
+(`inline_greedy_max_s` from the end of the classic schedules), at most `inline_reuse_s`, so revision
+1 takes no longer than the first plan could before. (Run first, the reuse ate the greedy's box on a
+loaded machine and revision 1 fell back to the serialized schedule: bench/reuse.py, docs/reuse.md.)
 
 Small problems (at most `inline_thread_max_ops` ops: milliseconds, bounded by size) run in the API's
 thread pool. Everything else, and every spec (an "auto" partition is a search), runs in a child
@@ -73,10 +74,11 @@ def first_plan(problem: Problem, key: str, greedy_s: float = 0.5, greedy_max_s: 
 
 def first_choice(problem: Problem, key: str, greedy_s: float = 0.5, greedy_max_s: float = 3.0,
                  neighbours: Neighbours | None = None, reuse_s: float = 1.5) -> First:
-    """The usual first plan or, when faster, a neighbour's plan reused (`neighbours` is called only
-    when no classic schedule is at the proven bound; the lookup and the reuse get `reuse_s`
-    together). Neither is validated here: a reused plan is checked by store_first like any other
-    (`store_revision_one` falls back to the usual plan should it be refused)."""
+    """The usual first plan or, when faster, a neighbour's plan reused (see the module docstring:
+    `neighbours` is called only when the usual plan is not at the proven bound, after it, within
+    what is left of the greedy's box). Neither is validated here: a reused plan is checked by
+    store_first like any other (`store_revision_one` falls back to the usual plan should it be
+    refused)."""
     from pipeplan.planner.baselines import NotApplicable, baseline_outcome
     from pipeplan.planner.baselines.classic import serialized_schedule
     from pipeplan.planner.baselines.common import DoesNotFit, better, evaluate
@@ -90,23 +92,21 @@ def first_choice(problem: Problem, key: str, greedy_s: float = 0.5, greedy_max_s
             best = better(best, baseline_outcome(problem, name))
         except (NotApplicable, DoesNotFit):
             continue
-    reuse, source, reuse_took = None, None, 0.0
-    if neighbours is not None and reuse_s > 0 and (best is None or best.makespan > bound * (1 + 1e-9)):
-        started = time.monotonic()
-        reuse, source = _reuse_within(problem, key, neighbours, reuse_s)
-        reuse_took = time.monotonic() - started
-    reused = reuse.plan if reuse is not None else None
-    if best is None and (reused is None or reused.makespan_ms > bound + EPS_MS):
-        # with a reused plan in hand nothing waits past the soft box for the greedy's first fit
-        hard = greedy_s if reused is not None else max(greedy_s, greedy_max_s - reuse_took)
-        best = better(best, _greedy_within(problem, greedy_s, hard))
-    if best is None and reused is None:
+    deadline = time.monotonic() + max(greedy_s, greedy_max_s)  # the box the greedy has had all along
+    if best is None:
+        best = _greedy_within(problem, greedy_s, greedy_max_s)
+    if best is None:
         best = evaluate(problem, serialized_schedule(problem), "serialized")
-    plan = best.plan(key, validate=False) if best is not None else None
-    neighbour = None
-    if reused is not None and (plan is None or reused.makespan_ms < plan.makespan_ms - EPS_MS):
+    plan = best.plan(key, validate=False)
+    reuse, neighbour, reuse_took = None, None, 0.0
+    left = min(reuse_s, deadline - time.monotonic())
+    if neighbours is not None and plan.makespan_ms > bound + EPS_MS and left > 0:
+        started = time.monotonic()
+        reuse, source = _reuse_within(problem, key, neighbours, left)
+        reuse_took = time.monotonic() - started
         # ties go to the usual plan: it needs no cache to reproduce
-        plan, neighbour = reused, source
+        if reuse is not None and reuse.plan is not None and reuse.plan.makespan_ms < plan.makespan_ms - EPS_MS:
+            plan, neighbour = reuse.plan, source
     if plan.makespan_ms <= bound + EPS_MS:  # at its proven bound: optimal now, not as a "better" revision 2
         plan = plan.model_copy(update={"status": "optimal"})
     return First(plan, neighbour, reuse, reuse_took)
