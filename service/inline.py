@@ -60,6 +60,7 @@ class First:
     """Revision 1, and where it came from when it is a neighbour's plan reused."""
 
     plan: Plan
+    usual: Plan  # the usual first plan (`plan` unless a reuse was faster)
     neighbour: tuple[str, int] | None = None  # the (key, revision) the served plan grew from
     reuse: Reuse | None = None  # what the reuse gave, served or not (None: nothing to reuse)
     reuse_s: float = 0.0  # seconds of the neighbour lookup and the reuse
@@ -97,8 +98,8 @@ def first_choice(problem: Problem, key: str, greedy_s: float = 0.5, greedy_max_s
         best = _greedy_within(problem, greedy_s, greedy_max_s)
     if best is None:
         best = evaluate(problem, serialized_schedule(problem), "serialized")
-    plan = best.plan(key, validate=False)
-    reuse, neighbour, reuse_took = None, None, 0.0
+    plan = _proven(best.plan(key, validate=False), bound)
+    usual, reuse, neighbour, reuse_took = plan, None, None, 0.0
     left = min(reuse_s, deadline - time.monotonic())
     if neighbours is not None and plan.makespan_ms > bound + EPS_MS and left > 0:
         started = time.monotonic()
@@ -106,10 +107,13 @@ def first_choice(problem: Problem, key: str, greedy_s: float = 0.5, greedy_max_s
         reuse_took = time.monotonic() - started
         # ties go to the usual plan: it needs no cache to reproduce
         if reuse is not None and reuse.plan is not None and reuse.plan.makespan_ms < plan.makespan_ms - EPS_MS:
-            plan, neighbour = reuse.plan, source
-    if plan.makespan_ms <= bound + EPS_MS:  # at its proven bound: optimal now, not as a "better" revision 2
-        plan = plan.model_copy(update={"status": "optimal"})
-    return First(plan, neighbour, reuse, reuse_took)
+            plan, neighbour = _proven(reuse.plan, bound), source
+    return First(plan, usual, neighbour, reuse, reuse_took)
+
+
+def _proven(plan: Plan, bound: float) -> Plan:
+    """At its proven bound a plan is optimal now, not as a "better" revision 2."""
+    return plan.model_copy(update={"status": "optimal"}) if plan.makespan_ms <= bound + EPS_MS else plan
 
 
 def _reuse_within(problem: Problem, key: str, neighbours: Neighbours,
@@ -153,8 +157,7 @@ def store_revision_one(repo, problem: Problem, key: str, budget_s: float, owner:
         if first.neighbour is None:
             raise
         log.error("the reused plan of %s was refused (%s); storing the usual first plan", key[:12], exc)
-    plan = first_plan(problem, key, greedy_s, greedy_max_s)
-    _, created, _ = repo.store_first(problem, plan, budget_s, key=key, owner=owner)
+    _, created, _ = repo.store_first(problem, first.usual, budget_s, key=key, owner=owner)
     return created, False
 
 
