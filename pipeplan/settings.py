@@ -111,6 +111,10 @@ class Settings(BaseSettings):
     inline_greedy_max_s: float = Field(
         3.0, ge=0, description="Past inline_greedy_s, how long the first plan waits for the greedy's first"
         " fitting variant before it settles for the serialized schedule (one engine run: ~0.4 s at P=32, M=128).")
+    inline_reuse_s: float = Field(
+        1.5, ge=0, description="At a cache miss, at most this long reusing the nearest stored neighbours' plans"
+        " (lookup included; docs/reuse.md), after the usual first plan, in what is left of its inline_greedy_max_s"
+        " box. 0: no reuse.")
     inline_thread_max_ops: int = Field(
         4096, ge=0, description="Problems of at most this many ops get their first plan in the thread pool"
         " (milliseconds, bounded by size); larger ones and every spec in a killable process.")

@@ -228,9 +228,10 @@ def best_reuse(problem: Problem, candidates: Iterable[tuple[Problem, Plan]], pro
 
 
 def _method(plan: Plan, source: str, how: str) -> str:
-    """"reuse of <key> (<how>): <the neighbour's method>", without nesting an earlier reuse's prefix."""
+    """"reuse of <key> rev <N> (<how>): <the neighbour's method>", without nesting an earlier
+    reuse's prefix (the stored revision links the neighbour; the root method says what made it)."""
     root = plan.method.split("): ", 1)[1] if plan.method.startswith("reuse of ") else plan.method
-    return f"reuse of {source[:12]} ({how}): {root}"
+    return f"reuse of {source[:12]} rev {plan.revision} ({how}): {root}"
 
 
 def _as_is(problem: Problem, neighbour: Problem, plan: Plan, key: str, method: str,

@@ -119,8 +119,12 @@ class RevisionInfo(BaseModel):
     lower_bound_ms: float
     solver_bound_ms: float | None = None
     status: str
-    method: str
+    method: str = Field(description='Where the plan came from: a schedule ("zb-h1"), the solver, or "reuse of'
+                        ' <key> rev <N> (<how>): <its method>" for a neighbour\'s plan (docs/reuse.md).')
     created_at: str | None
+    neighbour_key: str | None = Field(None, description="A reused revision: the key of the neighbour whose plan"
+                                      " it grew from.")
+    neighbour_revision: int | None = Field(None, description="...and that plan's revision.")
 
 
 class RevisionList(BaseModel):
@@ -212,7 +216,7 @@ def _submit_job(body: PlanRequest, st: ServiceState, budget: float, owner: str) 
     s = st.settings
     job: dict[str, Any] = {"limits": s.limits.model_dump(), "database_url": s.resolved_database_url,
                            "budget_s": budget, "owner": owner, "greedy_s": s.inline_greedy_s,
-                           "greedy_max_s": s.inline_greedy_max_s}
+                           "greedy_max_s": s.inline_greedy_max_s, "reuse_s": s.inline_reuse_s}
     if body.spec is not None:
         job["spec"] = body.spec
     else:
@@ -244,40 +248,45 @@ async def submit(body: PlanRequest, request: Request, st: StateDep) -> Response:
     owner = await run_in_threadpool(check_queue_share, request, budget)  # before any work is done
     async with st.admission.heavy_slot():
         if body.problem is not None and inline.ops_of(body.problem) <= s.inline_thread_max_ops:
-            key, created = await run_in_threadpool(_first_in_thread, st, body.problem, key, budget, owner)
+            key, created, reused = await run_in_threadpool(_first_in_thread, st, body.problem, key, budget, owner)
         else:
             try:
                 result = await inline.run_in_child(_submit_job(body, st, budget, owner), s.inline_timeout_s,
                                                    request.is_disconnected, s.retry_after_s)
             except inline.Gone:
                 return Response(status_code=499)  # nobody is listening; the work was stopped
-            key, created = result["key"], result["created"]
+            key, created, reused = result["key"], result["created"], result.get("reused", False)
     if memo is not None:
         if len(st.spec_keys) >= 4096:
             st.spec_keys.clear()
         st.spec_keys[memo] = key
-    return await run_in_threadpool(_after_first, st, key, created)
+    return await run_in_threadpool(_after_first, st, key, created, reused)
 
 
 def _first_in_thread(st: ServiceState, problem: Problem, key: str, budget: float,
-                     owner: str) -> tuple[str, bool]:
-    """A small problem's revision 1 (milliseconds); callers in this process wait for one computation."""
+                     owner: str) -> tuple[str, bool, bool]:
+    """A small problem's revision 1 (milliseconds, a reuse of its neighbours' plans within
+    inline_reuse_s); callers in this process wait for one computation."""
+    s = st.settings
     with st.lock_for(key):
         if st.repo.best_revision(key) is not None:
-            return key, False
+            return key, False, False
         try:
-            plan = inline.first_plan(problem, key, st.settings.inline_greedy_s, st.settings.inline_greedy_max_s)
+            created, reused = inline.store_revision_one(st.repo, problem, key, budget, owner, s.inline_greedy_s,
+                                                        s.inline_greedy_max_s, s.inline_reuse_s)
         except MemoryInfeasibleError as exc:
             raise inline.infeasible(exc) from None
-        _, created, _ = st.repo.store_first(problem, plan, budget, key=key, owner=owner)
-        return key, created
+        return key, created, reused
 
 
-def _after_first(st: ServiceState, key: str, created: bool) -> Response:
-    """Publish and enqueue a new key's refine job; the envelope of its best plan (201 if new)."""
+def _after_first(st: ServiceState, key: str, created: bool, reused: bool = False) -> Response:
+    """Publish and enqueue a new key's refine job (hinted, like every run, with the best stored plan:
+    a reused revision 1 when it was faster); the envelope of its best plan (201 if new)."""
     job = st.repo.job(key)
     if created:
         st.metrics.cold_posts.inc()
+        if reused:
+            st.metrics.reused_first_plans.inc()
         st.events.publish_revision(key, 1)
         if job is not None and job.state == QUEUED:
             enqueue(st, key, job)

@@ -7,6 +7,14 @@ within `inline_greedy_s` (its most promising variant first; past that box, its f
 waited for until `inline_greedy_max_s`), else the serialized schedule (fits any feasible budget); every slower
 heuristic runs in the refine job (planner.solver seeds with all of them).
 
+At a miss whose classic schedules are not at the proven bound, the cache's nearest neighbours (same
+structure, other numbers: planner.reuse, docs/reuse.md) lend their best plans: re-timed, resized or
+repaired for this problem, and served when faster than the usual first plan. The usual plan is
+computed first, exactly as without a cache; the reuse gets what is left of the same box
+(`inline_greedy_max_s` from the end of the classic schedules), at most `inline_reuse_s`, so revision
+1 takes no longer than the first plan could before. (Run first, the reuse ate the greedy's box on a
+loaded machine and revision 1 fell back to the serialized schedule: bench/reuse.py, docs/reuse.md.)
+
 Small problems (at most `inline_thread_max_ops` ops: milliseconds, bounded by size) run in the API's
 thread pool. Everything else, and every spec (an "auto" partition is a search), runs in a child
 process forked from a preloaded forkserver: it stores revision 1 itself, and the API kills it when
@@ -24,10 +32,14 @@ import logging
 import multiprocessing
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pipeplan.planner.bounds import MemoryInfeasibleError, check_memory_feasible
 from pipeplan.planner.contract import Limits, Plan, Problem, error_messages
+from pipeplan.planner.reuse import Reuse
+from pipeplan.planner.validator import InvalidPlanError
 from pydantic import ValidationError
 
 from .errors import ApiError, unavailable
@@ -38,12 +50,36 @@ log = logging.getLogger("pipeplan.inline")
 # ZB-H2 is as cheap as ZB-H1 and, where its memory fits, often optimal (Llama-2-7B on 8 GPUs at
 # 80 GB: 2274 ms, the lower bound, against ZB-H1's 2292)
 CLASSIC = ("1f1b", "zb-h1", "zb-h2", "interleaved-1f1b", "zb-v")
+REUSE_TRIES = 3  # neighbours tried at a miss (planner.reuse.best_reuse): the nearest few, in one box
+
+Neighbours = Callable[[], list[tuple[Problem, Plan]]]  # the nearest stored (problem, best plan) pairs
+
+
+@dataclass(frozen=True)
+class First:
+    """Revision 1, and where it came from when it is a neighbour's plan reused."""
+
+    plan: Plan
+    usual: Plan  # the usual first plan (`plan` unless a reuse was faster)
+    neighbour: tuple[str, int] | None = None  # the (key, revision) the served plan grew from
+    reuse: Reuse | None = None  # what the reuse gave, served or not (None: nothing to reuse)
+    reuse_s: float = 0.0  # seconds of the neighbour lookup and the reuse
 
 
 # -- the first plan ---------------------------------------------------------------------------------
 def first_plan(problem: Problem, key: str, greedy_s: float = 0.5, greedy_max_s: float = 3.0) -> Plan:
-    """The fastest cheap plan (see the module docstring), not yet validated: its one caller,
-    Repository.store_first, validates it before storing. Raises MemoryInfeasibleError."""
+    """The fastest cheap plan (see the module docstring), not yet validated: its callers store it
+    through Repository.store_first, which validates it. Raises MemoryInfeasibleError."""
+    return first_choice(problem, key, greedy_s, greedy_max_s).plan
+
+
+def first_choice(problem: Problem, key: str, greedy_s: float = 0.5, greedy_max_s: float = 3.0,
+                 neighbours: Neighbours | None = None, reuse_s: float = 1.5) -> First:
+    """The usual first plan or, when faster, a neighbour's plan reused (see the module docstring:
+    `neighbours` is called only when the usual plan is not at the proven bound, after it, within
+    what is left of the greedy's box). Neither is validated here: a reused plan is checked by
+    store_first like any other (`store_revision_one` falls back to the usual plan should it be
+    refused)."""
     from pipeplan.planner.baselines import NotApplicable, baseline_outcome
     from pipeplan.planner.baselines.classic import serialized_schedule
     from pipeplan.planner.baselines.common import DoesNotFit, better, evaluate
@@ -57,15 +93,72 @@ def first_plan(problem: Problem, key: str, greedy_s: float = 0.5, greedy_max_s: 
             best = better(best, baseline_outcome(problem, name))
         except (NotApplicable, DoesNotFit):
             continue
-    if best is None or best.makespan > bound * (1 + 1e-9):
-        greedy = _greedy_within(problem, greedy_s, greedy_max_s) if best is None else None
-        best = better(best, greedy)
+    deadline = time.monotonic() + max(greedy_s, greedy_max_s)  # the box the greedy has had all along
+    if best is None:
+        best = _greedy_within(problem, greedy_s, greedy_max_s)
     if best is None:
         best = evaluate(problem, serialized_schedule(problem), "serialized")
-    plan = best.plan(key, validate=False)
-    if plan.makespan_ms <= bound + EPS_MS:  # at its proven bound: optimal now, not as a "better" revision 2
-        plan = plan.model_copy(update={"status": "optimal"})
-    return plan
+    plan = _proven(best.plan(key, validate=False), bound)
+    usual, reuse, neighbour, reuse_took = plan, None, None, 0.0
+    left = min(reuse_s, deadline - time.monotonic())
+    if neighbours is not None and plan.makespan_ms > bound + EPS_MS and left > 0:
+        started = time.monotonic()
+        reuse, source = _reuse_within(problem, key, neighbours, left)
+        reuse_took = time.monotonic() - started
+        # ties go to the usual plan: it needs no cache to reproduce
+        if reuse is not None and reuse.plan is not None and reuse.plan.makespan_ms < plan.makespan_ms - EPS_MS:
+            plan, neighbour = _proven(reuse.plan, bound), source
+    return First(plan, usual, neighbour, reuse, reuse_took)
+
+
+def _proven(plan: Plan, bound: float) -> Plan:
+    """At its proven bound a plan is optimal now, not as a "better" revision 2."""
+    return plan.model_copy(update={"status": "optimal"}) if plan.makespan_ms <= bound + EPS_MS else plan
+
+
+def _reuse_within(problem: Problem, key: str, neighbours: Neighbours,
+                  box_s: float) -> tuple[Reuse | None, tuple[str, int] | None]:
+    """The fastest reuse of the nearest neighbours' plans (planner.reuse.best_reuse) within `box_s`
+    from now, lookup included (a repair past the box stops at its next round), and the (key,
+    revision) of the plan it grew from. (None, None): no neighbour, or the reuse failed (only an
+    offer: the usual first plan follows)."""
+    from pipeplan.planner.reuse import best_reuse
+
+    deadline = time.monotonic() + box_s
+    try:
+        candidates = neighbours()
+        got = best_reuse(problem, candidates, key, tries=REUSE_TRIES,
+                         time_limit_s=max(0.0, deadline - time.monotonic()), validate=False)
+    except Exception as exc:  # noqa: BLE001 - a reuse is an offer; revision 1 does not depend on it
+        log.warning("reusing a neighbour's plan for %s failed: %s", key[:12], exc)
+        return None, None
+    if got is None:
+        return None, None
+    revision = next(plan.revision for _, plan in candidates if plan.problem_key == got.neighbour_key)
+    return got, (got.neighbour_key, revision)
+
+
+def store_revision_one(repo, problem: Problem, key: str, budget_s: float, owner: str | None,
+                       greedy_s: float, greedy_max_s: float, reuse_s: float) -> tuple[bool, bool]:
+    """Plan revision 1 (reusing the stored neighbours' plans) and store it. Returns (created, reused).
+    A reused plan the repository refuses (a planner bug: every path validates by construction) is
+    logged and the usual first plan stored instead."""
+    first = first_choice(problem, key, greedy_s, greedy_max_s, lambda: repo.neighbours(problem, key, REUSE_TRIES),
+                         reuse_s)
+    if first.reuse is not None:
+        r = first.reuse
+        log.info("reuse for %s: %s in %.2f s (%s)%s", key[:12], r.how or "-", first.reuse_s,
+                 "served" if first.neighbour else "not served", f": {r.reason}" if r.reason else "")
+    try:
+        _, created, _ = repo.store_first(problem, first.plan, budget_s, key=key, owner=owner,
+                                         neighbour=first.neighbour)
+        return created, created and first.neighbour is not None
+    except InvalidPlanError as exc:
+        if first.neighbour is None:
+            raise
+        log.error("the reused plan of %s was refused (%s); storing the usual first plan", key[:12], exc)
+    _, created, _ = repo.store_first(problem, first.usual, budget_s, key=key, owner=owner)
+    return created, False
 
 
 def _top_variant(problem: Problem):
@@ -176,8 +269,9 @@ def ops_of(problem: Problem) -> int:
 
 # -- the child process --------------------------------------------------------------------------------
 def revision_one(job: dict[str, Any]) -> dict[str, Any]:
-    """Convert (spec) or parse (problem), plan, store revision 1. Runs in the child; returns
-    {"key", "created"} or {"error": {...}} (exceptions do not cross the pipe well)."""
+    """Convert (spec) or parse (problem), plan (reusing the cache's neighbours), store revision 1.
+    Runs in the child; returns {"key", "created", "reused"} or {"error": {...}} (exceptions do not
+    cross the pipe well)."""
     from pipeplan.service.db import make_engine
     from pipeplan.service.repository import Repository
 
@@ -191,14 +285,14 @@ def revision_one(job: dict[str, Any]) -> dict[str, Any]:
         engine = make_engine(job["database_url"], 1)
         try:
             repo = Repository(engine)
+            created = reused = False
             if repo.best_revision(key) is None:
-                plan = first_plan(problem, key, job["greedy_s"], job.get("greedy_max_s", 3.0))
-                _, created, _ = repo.store_first(problem, plan, job["budget_s"], key=key, owner=job.get("owner"))
-            else:
-                created = False
+                created, reused = store_revision_one(
+                    repo, problem, key, job["budget_s"], job.get("owner"), job["greedy_s"],
+                    job.get("greedy_max_s", 3.0), job.get("reuse_s", 0.0))
         finally:
             engine.dispose()
-        return {"key": key, "created": created}
+        return {"key": key, "created": created, "reused": reused}
     except (ApiError, MemoryInfeasibleError) as exc:
         err = infeasible(exc) if isinstance(exc, MemoryInfeasibleError) else exc
         return {"error": {"status": err.status_code, "code": err.code, "message": err.detail, "extra": err.extra}}

@@ -31,6 +31,9 @@ class Metrics:
         )
         self.cold_posts = Counter("pipeplan_cold_posts", "POSTs that computed a first plan inline",
                                   registry=self.registry)
+        self.reused_first_plans = Counter(
+            "pipeplan_reused_first_plans", "Cold POSTs whose revision 1 is a neighbour's plan reused"
+            " (docs/reuse.md)", registry=self.registry)
         self.export_cache = Counter("pipeplan_export_cache", "Export requests served from the on-disk cache"
                                     " (hit) or built for it (build)", ["kind", "result"], registry=self.registry)
 

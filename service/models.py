@@ -79,6 +79,9 @@ class ProblemRow(Base):
     best_status: Mapped[str] = mapped_column(String(16))
     best_method: Mapped[str] = mapped_column(Text)
     first_makespan_ms: Mapped[float] = mapped_column(Float)
+    # planner.reuse.signature: the neighbour index (same structure, other numbers; docs/reuse.md).
+    # NULL only for a row whose document did not parse when the migration signed the old rows.
+    signature: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
 
@@ -96,6 +99,10 @@ class RevisionRow(Base):
     status: Mapped[str] = mapped_column(String(16))
     method: Mapped[str] = mapped_column(Text)
     plan: Mapped[str] = mapped_column(Text)  # the plan v1 JSON exactly as served (bytes, no re-encode)
+    # a revision reused from a neighbour's plan: that key and revision (provenance, so no foreign key:
+    # the neighbour may be deleted, the record of where the plan came from stays)
+    neighbour_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    neighbour_revision: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

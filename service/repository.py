@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any, Callable
 
 from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.reuse import nearest, signature
 from pipeplan.planner.validator import InvalidPlanError, validate_plan
 from pydantic import ValidationError
 from sqlalchemy import Engine, and_, case, func, insert, or_, select, text, update
@@ -37,6 +38,10 @@ from .models import (
 from .outcomes import OPTIMAL, describe
 
 EPS_MS = 1e-6
+# The neighbour lookup at a cache miss reads at most NEIGHBOUR_SCAN problems of the same signature
+# (the most recently improved: a configuration search stores dozens per structure, not thousands),
+# ranks them by planner.reuse.distance in Python, and loads the best plans of the nearest few only.
+NEIGHBOUR_SCAN = 64
 # A new run starts without the previous run's verdict.
 NO_OUTCOME = {"outcome": None, "gap_pct": None, "searched_s": None, "run_improvements": None}
 
@@ -177,12 +182,31 @@ class Repository:
         with self.engine.connect() as conn:
             return conn.execute(select(ProblemRow.best_revision).where(ProblemRow.key == key)).scalar()
 
+    def neighbours(self, problem: Problem, key: str, nearest_n: int = 3,
+                   scan: int = NEIGHBOUR_SCAN) -> list[tuple[Problem, Plan]]:
+        """The stored problems with `problem`'s signature (not `key` itself), nearest first
+        (planner.reuse.distance), at most `nearest_n`, each with its best plan: what a cache miss
+        reuses. Bounded: `scan` small problem documents read, `nearest_n` plans parsed."""
+        q = (select(ProblemRow.key, ProblemRow.problem)
+             .where(ProblemRow.signature == signature(problem), ProblemRow.key != key)
+             .order_by(ProblemRow.updated_at.desc()).limit(scan))
+        with self.engine.connect() as conn:
+            rows = conn.execute(q).all()
+        ranked = nearest(problem, ((Problem.model_validate(doc), k) for k, doc in rows))[:nearest_n]
+        out = []
+        for _, other, k in ranked:
+            plan = self.best_plan(k)
+            if plan is not None:
+                out.append((other, plan))
+        return out
+
     def revisions(self, key: str, after: int = 0) -> list[dict[str, Any]]:
-        """Revision history without the plan bodies (makespan and bounds over time)."""
+        """Revision history without the plan bodies (makespan and bounds over time; a reused
+        revision's neighbour)."""
         q = (
             select(RevisionRow.revision, RevisionRow.makespan_ms, RevisionRow.lower_bound_ms,
                    RevisionRow.solver_bound_ms, RevisionRow.status, RevisionRow.method,
-                   RevisionRow.created_at)
+                   RevisionRow.created_at, RevisionRow.neighbour_key, RevisionRow.neighbour_revision)
             .where(RevisionRow.problem_key == key, RevisionRow.revision > after)
             .order_by(RevisionRow.revision)
         )
@@ -190,7 +214,8 @@ class Repository:
             rows = conn.execute(q).all()
         return [
             {"revision": r[0], "makespan_ms": r[1], "lower_bound_ms": r[2], "solver_bound_ms": r[3],
-             "status": r[4], "method": r[5], "created_at": iso(r[6])}
+             "status": r[4], "method": r[5], "created_at": iso(r[6]), "neighbour_key": r[7],
+             "neighbour_revision": r[8]}
             for r in rows
         ]
 
@@ -291,9 +316,11 @@ class Repository:
 
     # -- plan writes ----------------------------------------------------------------------------------
     def store_first(self, problem: Problem, plan: Plan, budget_s: float, key: str | None = None,
-                    owner: str | None = None) -> tuple[int, bool, JobInfo]:
-        """Store revision 1 and its refine job (queued for `owner`), unless the key exists. Returns
-        (best revision, created, job).
+                    owner: str | None = None,
+                    neighbour: tuple[str, int] | None = None) -> tuple[int, bool, JobInfo]:
+        """Store revision 1 and its refine job (queued for `owner`), unless the key exists; with the
+        problem's signature (the neighbour index) and, for a reused plan, the (key, revision) it grew
+        from. Returns (best revision, created, job).
 
         Concurrent callers with one new problem: exactly one INSERT wins; the others see created=False.
         """
@@ -310,7 +337,8 @@ class Repository:
                 key=key, problem=problem_doc, **problem_summary(problem),
                 best_revision=1, best_makespan_ms=plan.makespan_ms, lower_bound_ms=plan.lower_bound_ms,
                 bubble_ratio=plan.bubble_ratio, best_status=plan.status, best_method=plan.method,
-                first_makespan_ms=plan.makespan_ms, created_at=now, updated_at=now,
+                first_makespan_ms=plan.makespan_ms, signature=signature(problem), created_at=now,
+                updated_at=now,
             ).returning(ProblemRow.key))
             created = res.scalar() is not None  # rowcount is not reliable for ON CONFLICT on every driver
             if created:
@@ -318,6 +346,7 @@ class Repository:
                     problem_key=key, revision=1, makespan_ms=plan.makespan_ms,
                     lower_bound_ms=plan.lower_bound_ms, solver_bound_ms=plan.solver_bound_ms,
                     status=plan.status, method=plan.method, plan=plan_json, created_at=now,
+                    neighbour_key=neighbour and neighbour[0], neighbour_revision=neighbour and neighbour[1],
                 ))
                 # a heuristic plan already at its proven bound needs no search: done, optimal, 0 s
                 proven = plan.status == "optimal"

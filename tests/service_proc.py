@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Service:
-    """`pipeplan serve` in embedded mode as a subprocess, restartable on the same port and database."""
+    """`pipeplan serve` as a subprocess, restartable on the same port and database: embedded mode
+    (SQLite), or on the database a `database_url=` setting names (migrated first: production mode)."""
 
     def __init__(self, data_dir: Path, port: int | None = None, **settings: object):
         self.data_dir, self.port = data_dir, port or free_port()
@@ -25,10 +26,11 @@ class Service:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Service:
-        env = {**os.environ, "PIPEPLAN_DATA_DIR": str(self.data_dir), "PIPEPLAN_SOLVER_WORKERS": "1",
-               "PIPEPLAN_DEFAULT_TIME_BUDGET_S": "2", "PIPEPLAN_EMBEDDED_WORKERS": "1", **self.settings}
-        for name in ("PIPEPLAN_DATABASE_URL", "PIPEPLAN_REDIS_URL", "PIPEPLAN_API_KEYS"):
-            env.pop(name, None)
+        # the caller's environment never picks the database, queue or keys; the settings given here may
+        env = {name: value for name, value in os.environ.items()
+               if name not in ("PIPEPLAN_DATABASE_URL", "PIPEPLAN_REDIS_URL", "PIPEPLAN_API_KEYS")}
+        env.update({"PIPEPLAN_DATA_DIR": str(self.data_dir), "PIPEPLAN_SOLVER_WORKERS": "1",
+                    "PIPEPLAN_DEFAULT_TIME_BUDGET_S": "2", "PIPEPLAN_EMBEDDED_WORKERS": "1", **self.settings})
         self.log = open(self.data_dir / f"serve-{self.port}.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from pipeplan.cli import main; main()", "serve", "--port", str(self.port), "--log-level", "warning"],

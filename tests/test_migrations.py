@@ -115,3 +115,44 @@ def test_0002_turns_converged_into_done_with_an_honest_outcome_and_back(any_db_u
     finally:
         schema.downgrade(engine, "base")
         engine.dispose()
+
+
+def test_0006_signs_the_stored_problems_and_keeps_every_row_both_ways(any_db_url):  # noqa: F811
+    """The neighbour index (migrations/versions/0006_problem_signature.py) is filled for the rows
+    already stored: each readable problem gets planner.reuse.signature, an unreadable one NULL.
+    Neither direction loses a job or a revision (SQLite's batch copy of `problems` would cascade)."""
+    from pipeplan.planner.reuse import signature
+    from service_support import make_problem
+
+    engine = make_engine(any_db_url, 2)
+    now = "2026-01-01 00:00:00+00:00"
+    problem = ("INSERT INTO problems (key, problem, num_devices, num_microbatches, num_stages, best_revision,"
+               " best_makespan_ms, lower_bound_ms, bubble_ratio, best_status, best_method, first_makespan_ms,"
+               " created_at, updated_at) VALUES (:k, :doc, 2, 4, 2, 1, 10.0, 8.0, 0.1, 'feasible', 'm', 10.0,"
+               " :t, :t)")
+    revision = ("INSERT INTO plan_revisions (problem_key, revision, makespan_ms, lower_bound_ms, status, method,"
+                " plan, created_at) VALUES (:k, 1, 10.0, 8.0, 'feasible', 'm', '{}', :t)")
+    job = ("INSERT INTO jobs (key, run_id, state, budget_s, used_s, attempts, runs, cancel_requested,"
+           " improvements, queued_at) VALUES (:k, 'r', 'done', 5.0, 5.0, 1, 1, false, 0, :t)")
+    problems = [make_problem(devices=d, tag="0006", limit_mib=limit) for d, limit in ((2, 4000.0), (2, 5000.0), (3, None))]
+    docs = {p.key(): p.model_dump_json() for p in problems} | {"f" * 64: '{"num_devices": "two"}'}
+    count = "SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM plan_revisions)"
+    try:
+        schema.upgrade(engine, "0005")
+        with engine.begin() as conn:
+            for key, doc in docs.items():
+                for sql in (problem, revision, job):
+                    conn.execute(text(sql), {"k": key, "doc": doc, "t": now})
+        schema.upgrade(engine)
+        with engine.connect() as conn:
+            signed = dict(conn.execute(text("SELECT key, signature FROM problems")).all())
+            assert tuple(conn.execute(text(count)).one()) == (4, 4)
+        assert signed == {p.key(): signature(p) for p in problems} | {"f" * 64: None}
+        assert signed[problems[0].key()] == signed[problems[1].key()] != signed[problems[2].key()]
+        schema.downgrade(engine, "0005")
+        assert "signature" not in {c["name"] for c in inspect(engine).get_columns("problems")}
+        with engine.connect() as conn:
+            assert tuple(conn.execute(text(count)).one()) == (4, 4)
+    finally:
+        schema.downgrade(engine, "base")
+        engine.dispose()

@@ -53,7 +53,7 @@ def test_a_larger_budget_gets_the_neighbours_plan_at_once(refined) -> None:
     r = reuse_plan(problem, neighbour, plan)
     assert r.how == "as is" and r.reason is None and r.neighbour_key == plan.problem_key
     assert valid(problem, r.plan).makespan_ms <= plan.makespan_ms
-    assert r.plan.method.startswith(f"reuse of {plan.problem_key[:12]} (as is): ")
+    assert r.plan.method.startswith(f"reuse of {plan.problem_key[:12]} rev {plan.revision} (as is): ")
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

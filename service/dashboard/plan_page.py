@@ -80,12 +80,16 @@ def _live_context(request: Request, repo, key: str, problem: Problem, plan: Plan
     points = data.revision_points(revisions)
     rev_rows = [{"revision": p.revision, "makespan": views.fmt_ms(p.makespan_ms),
                  "bound": views.fmt_ms(p.lower_bound_ms), "method": p.method,
-                 "when": views.fmt_age(p.created_at, now)} for p in points]
+                 "neighbour_key": r["neighbour_key"], "neighbour_revision": r["neighbour_revision"],
+                 "when": views.fmt_age(p.created_at, now)} for p, r in zip(points, revisions)]
+    # the neighbour the key's plans grew from (its reused revision 1): the title bar links to it
+    grew_from = next(({"key": r["neighbour_key"], "revision": r["neighbour_revision"], "of": r["revision"]}
+                      for r in revisions if r["neighbour_key"]), None)
     best_revision = max((p.revision for p in points), default=plan.revision)
     pending = not compute_baselines and not baselines.known(request, key, problem)
     table, note = ([], "") if pending else baselines.table_rows(request, key, problem, plan)
     return {"key": key, "plan": plan, "m": metrics, "c": charts, "history": views.history_svg(points),
-            "revisions": rev_rows, "best_revision": best_revision, "baselines": table, "baselines_note": note,
+            "revisions": rev_rows, "grew_from": grew_from, "best_revision": best_revision, "baselines": table, "baselines_note": note,
             "baselines_pending": pending, "chrome_trace_href": f"/v1/plans/{key}/export/chrome-trace.json"}
 
 
