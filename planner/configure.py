@@ -307,6 +307,18 @@ def configure(spec: Spec, request: ConfigureRequest, on_progress: Progress | Non
     return result
 
 
+def score(spec: Spec, request: ConfigureRequest, layout: Layout, plan_fn: PlanFn | None = None) -> Candidate:
+    """One layout costed and scheduled as the search would (e.g. a published layout, to say where it
+    loses against the search's best). Raises ConfigureError when it does not fit in memory."""
+    cluster = _cluster(spec, request)
+    c = Candidate(layout, spec_of(spec, layout, request, cluster))
+    _refine(c, {}, {})
+    if c.min_memory_mib > c.limit_mib + 1e-6:
+        raise ConfigureError("layout", _oom(c), least_memory_mib=round(c.min_memory_mib, 1))
+    c.plan = (plan_fn or fast_plan)(c.problem, c.key)
+    return c
+
+
 def _ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
@@ -487,4 +499,6 @@ __all__ = [
     "configure",
     "configurations_document",
     "fast_plan",
+    "score",
+    "why_lost",
 ]

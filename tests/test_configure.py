@@ -109,3 +109,30 @@ def test_the_fast_plan_takes_the_fastest_iteration_of_the_published_schedules():
         except NotApplicable:
             continue
         assert plan.iteration_ms <= other.iteration_ms + 1e-9
+
+
+@pytest.mark.parametrize("run_id", ["llama2-13b", "nemotron-22b"])
+def test_the_search_never_does_worse_than_a_published_layout(run_id):
+    """The published layout is in the space (its partition and framework settings kept), so the best
+    configuration is predicted at least as fast as bench/published.py predicts the published run.
+    The space is narrowed to the run's PP and micro-batch size to keep the test short; the guarantee
+    does not depend on the space's size."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.configure import published_layout
+    from bench.published import predict
+    from bench.published_runs import find
+
+    run = find(run_id)
+    doc = run.spec()
+    doc["training"].pop("memory_budget_gib")
+    spec = Spec.model_validate(doc)
+    req = ConfigureRequest(gpus=run.gpus, gpus_per_node=8, global_batch=run.gbs, pp=run.pp,
+                           micro_batch_sizes=[run.mbs], max_cp=run.cp, top=1)
+    assert published_layout(run) in list(enumerate_layouts(spec, req, 8))
+    result = configure(spec, req)
+    published = predict(run)
+    assert published.fits
+    assert result.best.tokens >= published.tokens * (1 - 1e-9)
