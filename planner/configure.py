@@ -62,9 +62,10 @@ class ConfigureError(ValueError):
 
 
 # -- the fast first plan ------------------------------------------------------------------------------
-def fast_plan(problem: Problem, key: str) -> Plan:
+def fast_plan(problem: Problem, key: str, validate: bool = True) -> Plan:
     """The fastest iteration among the published schedules that fit; else the greedy's most
-    promising variant; else the serialized schedule (fits any budget above min_memory). Validated."""
+    promising variant; else the serialized schedule (fits any budget above min_memory). Validated
+    unless the caller validates it itself (the service's repository validates what it stores)."""
     best, best_rank = None, None
     for name in FAST:
         try:
@@ -82,7 +83,7 @@ def fast_plan(problem: Problem, key: str) -> Plan:
         best = run_try(problem, greedy_tries(problem, treatments(problem, pattern_fits=False))[0])
     if best is None:
         best = evaluate(problem, serialized_schedule(problem), "serialized")
-    return best.plan(key)
+    return best.plan(key, validate=validate)
 
 
 # -- one scored layout --------------------------------------------------------------------------------
