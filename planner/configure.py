@@ -387,6 +387,7 @@ def _refine(c: Candidate, shapes: dict[tuple, _Shape], partitions: dict[tuple, l
     arguments cost several times more and the plan carries them all anyway)."""
     lay = c.layout
     shape = _shape(c, shapes)
+    c.costs = shape.costs
     spec = Spec.model_validate(c.spec)
     # the balanced partition reads only the layer times: layouts that differ in dp share it
     weights = tuple(round(x.total_ms, 12) for x in c.costs) if lay.partition == "balanced" else lay.partition
@@ -421,7 +422,7 @@ def candidate_document(c: Candidate, rank: int | None) -> dict[str, Any]:
     }
 
 
-LOSSES = {"compute_ms": "compute", "tp_ms": "TP collectives", "ep_ms": "expert all-to-alls",
+LOSSES = {"compute_ms": "compute on the busiest GPU (stage balance)", "tp_ms": "TP collectives", "ep_ms": "expert all-to-alls",
           "cp_ms": "context-parallel ring", "bubble_ms": "pipeline bubble", "tail_ms": "gradient reduction and"
           " optimizer step after the pipeline"}
 
