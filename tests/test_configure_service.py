@@ -48,6 +48,9 @@ def test_a_search_stores_every_candidate_as_an_ordinary_plan_and_answers_4xx_nam
         assert again.status_code == 200 and again.json()["configuration_key"] == key
         got = c.get(f"/v1/configurations/{key}").json()
         assert got["candidates"] == doc["candidates"] and got["links"]["dashboard"].endswith(key)
+        page = c.get(f"/dashboard/configurations/{key}")
+        assert page.status_code == 200 and page.text.count('<a class="candidate') == len(doc["scored"])
+        assert c.get("/dashboard/configurations/" + "0" * 64).status_code == 404
 
         bad = c.post("/v1/configurations", json={**BODY, "global_batch": 7, "micro_batch_sizes": [2]})
         assert bad.status_code == 422 and bad.json()["field"] == "global_batch", bad.text
