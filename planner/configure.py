@@ -320,6 +320,31 @@ def score(spec: Spec, request: ConfigureRequest, layout: Layout, plan_fn: PlanFn
     return c
 
 
+def refine(result: Configurations, seconds: float, count: int | None = None,
+           on_progress: Progress | None = None, solve_fn: Callable[..., Plan] | None = None) -> Configurations:
+    """Solve the best `count` candidates (default: the ranked ones) for `seconds` each, starting from
+    their first plans, keep each solver plan whose iteration is shorter, and rank again. Timed, so,
+    unlike the search, its outcome may differ between runs; the service does the same with one refine
+    job per candidate on its workers."""
+    if solve_fn is None:
+        from .solver import solve
+
+        def solve_fn(problem: Problem, key: str, hint: Plan, limit: float) -> Plan:
+            return solve(problem, limit, hint=hint, problem_key=key).plan
+
+    report = on_progress or (lambda _event: None)
+    for c in result.ranked[:count if count is not None else len(result.ranked)]:
+        plan = solve_fn(c.problem, c.key, c.plan, seconds)
+        better = (plan.iteration_ms or plan.makespan_ms) < (c.plan.iteration_ms or c.plan.makespan_ms) - 1e-9
+        if better:
+            c.plan = plan
+        report({"event": "refined", "candidate": c.layout.name, "improved": better,
+                "tokens_per_s_per_gpu": round(c.tokens, 1), "method": c.plan.method})
+    ranked = sorted(result.scheduled, key=Candidate.rank_key)
+    result.scheduled, result.ranked = ranked, ranked[:result.request.top]
+    return result
+
+
 def _ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
@@ -501,6 +526,7 @@ __all__ = [
     "configure",
     "configurations_document",
     "fast_plan",
+    "refine",
     "score",
     "why_lost",
 ]

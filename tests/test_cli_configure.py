@@ -51,3 +51,19 @@ def test_an_impossible_batch_exits_2_naming_the_nearest(tmp_path):
     result = run("configure", spec, "--gpus", 8, "--global-batch", 7, "--micro-batch-sizes", "2")
     assert result.exit_code == 2
     assert "global_batch" in result.stderr and "nearest valid: 6 or 8" in result.stderr
+
+
+def test_configure_refines_the_ranked_candidates_with_the_solver(tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    out = tmp_path / "configs.json"
+    result = run("configure", spec, "--gpus", 8, "--global-batch", 16, "--top", 2, "--refine-s", 1,
+                 "--refine-top", 2, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("solved ") == 2
+    doc = json.loads(out.read_text())
+    tokens = [c["tokens_per_s_per_gpu"] for c in doc["candidates"]]
+    assert tokens == sorted(tokens, reverse=True)
+    plan = Plan.model_validate_json((tmp_path / "configs.best.plan.json").read_text())
+    assert validate_plan(problem_from_document(json.loads((tmp_path / "configs.best.spec.json").read_text())),
+                         plan) == []

@@ -37,6 +37,9 @@ def _progress(started: float):
             typer.echo(f"{t} #{event['index']} {event['candidate']}: {event['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"
                        f" (rank {event['rank']}; best {event['best']}, {event['best_tokens_per_s_per_gpu']:,.0f})",
                        err=True)
+        elif kind == "refined":
+            typer.echo(f"{t} solved {event['candidate']}: {event['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"
+                       f" ({'improved' if event['improved'] else 'no shorter iteration'}; {event['method']})", err=True)
         elif kind == "done":
             typer.echo(f"{t} done: {event['scheduled']} scheduled; best {event['best']},"
                        f" {event['tokens_per_s_per_gpu']:,.0f} tok/s/GPU", err=True)
@@ -90,11 +93,14 @@ def configure_cmd(
                          ] = None,
     max_scheduled: Annotated[int, typer.Option(
         "--max-scheduled", min=1, help="Most layouts given a plan (the bound usually stops sooner).")] = 200,
+    refine_s: Annotated[float, typer.Option(
+        "--refine-s", min=0.0, help="Then solve each ranked candidate this long with the solver (0: no).")] = 0.0,
+    refine_top: Annotated[int, typer.Option("--refine-top", min=1, help="How many ranked candidates to solve.")] = 5,
 ) -> None:
     """Rank the parallel layouts of a model on a cluster by predicted tokens/s per GPU."""
     from pydantic import ValidationError
 
-    from pipeplan.planner.configure import ConfigureError, configure
+    from pipeplan.planner.configure import ConfigureError, configure, refine
     from pipeplan.planner.configure_space import ConfigureRequest
     from pipeplan.planner.contract import error_messages
     from pipeplan.planner.spec import check_spec_size, spec_from_document
@@ -119,6 +125,8 @@ def configure_cmd(
                            max_scheduled=max_scheduled)
     except ConfigureError as exc:
         infeasible(str(exc))
+    if refine_s > 0:
+        refine(result, refine_s, refine_top, on_progress=_progress(started))
     doc = result.to_document()
     typer.echo(table(doc))
     if out is not None:
