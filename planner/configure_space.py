@@ -189,7 +189,7 @@ def spec_of(spec: Spec, layout: Layout, request: ConfigureRequest, cluster: dict
     doc["model"]["micro_batch_size"] = layout.mbs
     if request.seq_len:
         doc["model"]["seq_len"] = request.seq_len
-    par = {k: v for k, v in doc.get("parallel", {}).items() if k not in ("tp", "cp", "ep", "etp", "dp", "gpus", "sp")}
+    par = {k: v for k, v in doc.get("parallel", {}).items() if k not in ("tp", "cp", "ep", "etp", "dp", "gpus")}
     par.update(tp=layout.tp, cp=layout.cp, ep=layout.ep, gpus=request.gpus)
     if layout.ep > 1:
         par["etp"] = 1
