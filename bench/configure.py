@@ -1,7 +1,7 @@
 """The configuration search against the published layouts: for each published H100 run, the same
 model, GPU count, global batch, sequence, precision and framework settings searched from scratch.
 
-    .venv/bin/python bench/configure.py --quick        # three small rows (about a minute)
+    .venv/bin/python bench/configure.py --quick        # two small rows (under a minute)
     .venv/bin/python bench/configure.py                # every row (long: the 1024-GPU rows dominate)
     .venv/bin/python bench/configure.py --only llama3  # rows whose id contains "llama3"
     .venv/bin/python bench/configure.py --llama70b     # the 64-GPU timing target (first answer, complete)
@@ -33,7 +33,7 @@ from pipeplan.planner.spec import Spec
 from bench.published import predict
 from bench.published_runs import RUNS, Run
 
-QUICK = ("llama2-13b", "qwen3-30b-a3b-vp12", "llama3-70b-gbs128")
+QUICK = ("llama2-13b", "nemotron-22b")
 
 
 def published_layout(run: Run) -> Layout:
