@@ -7,8 +7,9 @@ model, GPU count, global batch, sequence, precision and framework settings searc
     .venv/bin/python bench/configure.py --llama70b     # the 64-GPU timing target (first answer, complete)
 
 Per row: the published layout's predicted tokens/s per GPU (bench/published.py's prediction: its own
-schedule, Megatron's interleaved 1F1B or 1F1B, on its own partition), the best configuration found
-and its prediction, their ratio, the search time, whether the published layout is in our top 3, and
+schedule, Megatron's interleaved 1F1B or 1F1B, on its own partition), the same degrees with the
+search's balanced partition and fast first plan (how much of the gain is the partition alone), the
+best configuration found and its prediction, their ratio, the search time, whether the published layout is in our top 3, and
 where we choose differently, why (the loss the published layout's family shows against ours:
 bubble, TP collectives, ...). The published layout is in the search space (planner/configure_space.py
 keeps the spec's partition and settings), and the search is a branch and bound on proven bounds, so
@@ -19,6 +20,7 @@ model (the prediction is then without a limit, the search's with one: the row sa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -62,19 +64,39 @@ def row(run: Run) -> tuple[str, float]:
         ours = score(result.spec, result.request, mine)  # the published layout, scored as the search does
     except ConfigureError as exc:
         ours, why = None, f"{best.layout.name}; the published layout: {exc.reason}"
+    try:  # the published degrees with the search's balanced partition and fast first plan
+        balanced = score(result.spec, result.request, dataclasses.replace(mine, partition="balanced")).tokens
+    except ConfigureError:
+        balanced = float("nan")
     in_top3 = ours is not None and any(c.key == ours.key for c in result.scheduled[:3])
     if ours is not None:
         why = "the published layout" if best.key == ours.key else \
-            f"{best.layout.name} over the published: {why_lost(ours, best)}"
+            f"{changes(mine, best.layout)}; the published layout loses on {why_lost(ours, best)}"
     ratio = best.tokens / pub.tokens
     fits = "" if pub.fits else " (published over HBM in our model)"
-    line = (f"| {run.id} | {run.layout} MBS{run.mbs} | {pub.tokens:,.0f}{fits} | {best.tokens:,.0f} |"
+    line = (f"| {run.id} | {run.layout} MBS{run.mbs} | {pub.tokens:,.0f}{fits} | {balanced:,.0f} | {best.tokens:,.0f} |"
             f" {ratio:.3f} | {seconds:.1f} | {result.first_ranked_s or 0:.1f} | {'yes' if in_top3 else 'no'} | {why} |")
     return line, ratio
 
 
-HEADER = ("| run | published layout | published predicted tok/s/GPU | best found | ratio | search s | first answer s |"
-          " published in top 3 | why we choose differently |\n|---|---|---:|---:|---:|---:|---:|---|---|")
+def changes(published: Layout, best: Layout) -> str:
+    """What we choose differently, e.g. "TP 4->8, PP 8->2, CP 1->2, VP5->VP20, partition uniform->balanced"."""
+    def schedule(lay: Layout) -> str:
+        return "V" if lay.placement == "v" else f"VP{lay.vp}" if lay.vp > 1 else "1F1B"
+
+    out = [f"{name} {a}->{b}" for name, a, b in (
+        ("TP", published.tp, best.tp), ("PP", published.pp, best.pp), ("CP", published.cp, best.cp),
+        ("EP", published.ep, best.ep), ("MBS", published.mbs, best.mbs)) if a != b]
+    if schedule(published) != schedule(best):
+        out.append(f"{schedule(published)}->{schedule(best)}")
+    if published.partition != best.partition:
+        out.append(f"partition {published.partition}->{best.partition}")
+    return ", ".join(out) or "same degrees"
+
+
+HEADER = ("| run | published layout | published predicted tok/s/GPU | same degrees, balanced partition | best found |"
+          " ratio | search s | first answer s | published in top 3 | why we choose differently |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---|---|")
 
 
 def llama70b() -> None:
