@@ -520,11 +520,11 @@ def configurations_document(result: Configurations) -> dict[str, Any]:
 __all__ = [
     "CONFIGURATIONS_FORMAT",
     "Candidate",
+    "Configurations",
     "ConfigureError",
     "ConfigureRequest",
-    "Configurations",
-    "configure",
     "configurations_document",
+    "configure",
     "fast_plan",
     "refine",
     "score",

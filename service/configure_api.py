@@ -25,10 +25,10 @@ from starlette.concurrency import run_in_threadpool
 from . import inline
 from .admission import check_queue_share, rate_limited, stream_admitted
 from .api import KEY_RE, enqueue, refine_budget
+from .configure_store import ConfigurationStore, configuration_key, run_search
 from .deps import StateDep
 from .errors import ApiError
 from .events import ALL
-from .configure_store import ConfigurationStore, configuration_key, run_search
 from .models import QUEUED
 from .security import require_read, require_write
 from .state import ServiceState

@@ -17,7 +17,14 @@ from pipeplan.planner.validator import validate_plan
 from pipeplan.service import create_app
 from pipeplan.service.repository import Repository
 from rq import Queue
-from service_support import REDIS_URL, migrated_engine, pg_available, pg_schema, start_server, start_worker, wait_for
+from service_support import (
+    REDIS_URL,
+    migrated_engine,
+    pg_available,
+    pg_schema,
+    start_server,
+    start_worker,
+)
 
 from pipeplan.settings import Settings
 
@@ -77,8 +84,8 @@ def test_two_workers_share_the_refinement_and_the_ranking_follows(tmp_path):
     body = {**BODY, "global_batch": 64, "top": 3, "time_budget_s": 2}
     with pg_schema() as (url, _):
         engine = migrated_engine(url)
-        settings = dict(database_url=url, redis_url=REDIS_URL, queue_name=queue, solver_workers=1,
-                        default_time_budget_s=2, configure_refine_top=3)
+        settings = {"database_url": url, "redis_url": REDIS_URL, "queue_name": queue, "solver_workers": 1,
+                    "default_time_budget_s": 2, "configure_refine_top": 3}
         server, base = start_server(tmp_path, **settings)
         workers = [start_worker(tmp_path, f"cfg-w{i}", **settings) for i in range(2)]  # idle until jobs come
         try:

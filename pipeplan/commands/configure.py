@@ -48,8 +48,8 @@ def _progress(started: float):
 
 def table(doc: dict[str, Any]) -> str:
     """The ranked candidates as a Markdown table, then why the other layout families lost."""
-    lines = ["| # | layout | tok/s/GPU | MFU | iteration ms | bound ms | peak GiB | bubble | TP ms | EP ms | CP ms"
-             " | DP tail ms | schedule |",
+    lines = [("| # | layout | tok/s/GPU | MFU | iteration ms | bound ms | peak GiB | bubble | TP ms | EP ms | CP ms"
+              " | DP tail ms | schedule |"),
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for c in doc["candidates"]:
         b = c["breakdown"]

@@ -44,8 +44,8 @@ def configurations_svg(doc: dict[str, Any], width: int = 1000, height: int = 420
     def y_of(v: float) -> float:
         return top_m + ch - (v - y_lo) / (y_hi - y_lo) * ch
 
-    parts = [f'<svg class="configurations" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
-             f' viewBox="0 0 {width} {height}" role="img" aria-label="Throughput against memory per GPU">']
+    parts = [(f'<svg class="configurations" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
+              f' viewBox="0 0 {width} {height}" role="img" aria-label="Throughput against memory per GPU">')]
     ystep, xstep = nice_step(y_hi - y_lo, 6), nice_step(x_hi - x_lo, 8)
     for v in _ticks(y_lo, y_hi, 6):
         y = _n(y_of(v))
