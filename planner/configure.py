@@ -447,7 +447,7 @@ def candidate_document(c: Candidate, rank: int | None) -> dict[str, Any]:
     }
 
 
-LOSSES = {"compute_ms": "compute on the busiest GPU (stage balance)", "tp_ms": "TP collectives", "ep_ms": "expert all-to-alls",
+LOSSES = {"compute_ms": "compute on the busiest GPU (its stages, micro-batch size, host floor)", "tp_ms": "TP collectives", "ep_ms": "expert all-to-alls",
           "cp_ms": "context-parallel ring", "bubble_ms": "pipeline bubble", "tail_ms": "gradient reduction and"
           " optimizer step after the pipeline"}
 
