@@ -447,9 +447,14 @@ def candidate_document(c: Candidate, rank: int | None) -> dict[str, Any]:
     }
 
 
-LOSSES = {"compute_ms": "compute on the busiest GPU (its stages, micro-batch size, host floor)", "tp_ms": "TP collectives", "ep_ms": "expert all-to-alls",
-          "cp_ms": "context-parallel ring", "bubble_ms": "pipeline bubble", "tail_ms": "gradient reduction and"
-          " optimizer step after the pipeline"}
+LOSSES = {
+    "compute_ms": "compute on the busiest GPU (its stages, micro-batch size, host floor)",
+    "tp_ms": "TP collectives",
+    "ep_ms": "expert all-to-alls",
+    "cp_ms": "context-parallel ring",
+    "bubble_ms": "pipeline bubble",
+    "tail_ms": "gradient reduction and optimizer step after the pipeline",
+}
 
 
 def why_lost(c: Candidate, best: Candidate) -> str:
