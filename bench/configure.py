@@ -7,14 +7,14 @@ model, GPU count, global batch, sequence, precision and framework settings searc
     .venv/bin/python bench/configure.py --llama70b     # the 64-GPU timing target (first answer, complete)
 
 Per row: the published layout's predicted tokens/s per GPU (bench/published.py's prediction: its own
-schedule, Megatron's interleaved 1F1B or 1F1B, on its own partition), the same degrees with the
-search's balanced partition and fast first plan (how much of the gain is the partition alone), the
-best configuration found and its prediction, their ratio, the search time, whether the published layout is in our top 3, and
-where we choose differently, why (the loss the published layout's family shows against ours:
-bubble, TP collectives, ...). The published layout is in the search space (planner/configure_space.py
-keeps the spec's partition and settings), and the search is a branch and bound on proven bounds, so
-the ratio is at least 1 -- unless the published layout does not fit the GPU's memory under our
-model (the prediction is then without a limit, the search's with one: the row says so).
+schedule, Megatron's interleaved 1F1B or 1F1B, on its own partition), the same degrees with the search's
+balanced partition and fast first plan (how much of the gain is the partition alone), the best
+configuration found and its prediction, their ratio, the search time, whether the published layout is in
+our top 3, and where we choose differently, why (the loss the published layout's family shows against
+ours: bubble, TP collectives, ...). The published layout is in the search space
+(planner/configure_space.py keeps the spec's partition and settings), and the search is a branch and
+bound on proven bounds, so the ratio is at least 1 -- unless the published layout does not fit the GPU's
+memory under our model (the prediction is then without a limit, the search's with one: the row says so).
 """
 
 from __future__ import annotations
@@ -74,8 +74,9 @@ def row(run: Run) -> tuple[str, float]:
             f"{changes(mine, best.layout)}; the published layout loses on {why_lost(ours, best)}"
     ratio = best.tokens / pub.tokens
     fits = "" if pub.fits else " (published over HBM in our model)"
-    line = (f"| {run.id} | {run.layout} MBS{run.mbs} | {pub.tokens:,.0f}{fits} | {balanced:,.0f} | {best.tokens:,.0f} |"
-            f" {ratio:.3f} | {seconds:.1f} | {result.first_ranked_s or 0:.1f} | {'yes' if in_top3 else 'no'} | {why} |")
+    top3 = "yes" if in_top3 else "no"
+    line = (f"| {run.id} | {run.layout} MBS{run.mbs} | {pub.tokens:,.0f}{fits} | {balanced:,.0f} |"
+            f" {best.tokens:,.0f} | {ratio:.3f} | {seconds:.1f} | {result.first_ranked_s or 0:.1f} | {top3} | {why} |")
     return line, ratio
 
 

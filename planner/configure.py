@@ -173,8 +173,8 @@ class Configurations:
 def _cluster(spec: Spec, request: ConfigureRequest) -> dict[str, Any]:
     cluster = spec.cluster_or_default
     if cluster is None:
-        raise ConfigureError("cluster", f"needed to place GPUs on custom hardware: give a preset ({', '.join(CLUSTERS)})"
-                             " or the links")
+        raise ConfigureError("cluster", "needed to place GPUs on custom hardware: give a preset"
+                             f" ({', '.join(CLUSTERS)}) or the links")
     doc = cluster.model_dump(mode="json")
     if request.gpus_per_node is not None:
         doc["gpus_per_node"] = request.gpus_per_node

@@ -33,7 +33,8 @@ def test_the_configuration_page_ranks_charts_and_links_every_candidate(tmp_path)
         assert r.status_code == 201, r.text
         key, doc = r.json()["configuration_key"], r.json()["configurations"]
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                         args=["--no-sandbox", "--disable-gpu"])
             page = browser.new_page(viewport={"width": 1440, "height": 1000})
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))

@@ -38,8 +38,9 @@ def _progress(started: float):
                        f" (rank {event['rank']}; best {event['best']}, {event['best_tokens_per_s_per_gpu']:,.0f})",
                        err=True)
         elif kind == "refined":
+            said = "improved" if event["improved"] else "no shorter iteration"
             typer.echo(f"{t} solved {event['candidate']}: {event['tokens_per_s_per_gpu']:,.0f} tok/s/GPU"
-                       f" ({'improved' if event['improved'] else 'no shorter iteration'}; {event['method']})", err=True)
+                       f" ({said}; {event['method']})", err=True)
         elif kind == "done":
             typer.echo(f"{t} done: {event['scheduled']} scheduled; best {event['best']},"
                        f" {event['tokens_per_s_per_gpu']:,.0f} tok/s/GPU", err=True)
