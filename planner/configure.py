@@ -46,6 +46,12 @@ GIB = 1024.0
 # iteration kept.
 FAST = ("1f1b", "zb-h1", "zb-h2", "interleaved-1f1b", "zb-v")
 REFINE_BOUND = ("memory_free",)
+# The first layout scheduled (a ranked answer within seconds) is the best-bounded one whose memory with
+# a 1F1B-like number of microbatches in flight is at most this share of the limit (likely to fit the
+# published schedules), and whose pipeline has at most DIVE_OPS ops (scheduled in a second) when there
+# is one.
+DIVE_MEMORY = 0.8
+DIVE_OPS = 16_384
 Progress = Callable[[dict[str, Any]], None]
 PlanFn = Callable[[Problem, str], Plan]
 
@@ -265,14 +271,31 @@ def configure(spec: Spec, request: ConfigureRequest, on_progress: Progress | Non
                 "best": ranked[0].layout.name, "best_tokens_per_s_per_gpu": round(ranked[0].tokens, 1),
                 "elapsed_s": round(time.monotonic() - started, 3)})
 
+    # A first answer within seconds: the layout with the best cheap bound among those whose average
+    # memory leaves room is costed and scheduled at once. It only raises the bar the bound must beat,
+    # so the ranking is the same with or without it.
+    roomy = [c for _, _, c in sorted(queue) if shapes[_shape_key(c.layout)].in_flight_mib(c.layout)
+             <= DIVE_MEMORY * c.limit_mib]
+    dive = next((c for c in roomy if 4 * c.layout.stages * c.layout.microbatches <= DIVE_OPS), None) or \
+        next(iter(roomy), None)
+    if dive is not None:
+        _refine(dive, shapes, partitions)
+        if dive.min_memory_mib <= dive.limit_mib + 1e-6:
+            seen[dive.key] = dive
+            _schedule(dive)
+        else:
+            dive.rejected = _oom(dive)
     while queue:
         _, _, c = heapq.heappop(queue)
+        if c.plan is not None or c.rejected:  # the dive's
+            continue
         ranked = sorted(scheduled, key=Candidate.rank_key)
         if len(ranked) >= request.top and c.tokens_bound <= ranked[request.top - 1].tokens + 1e-9:
             bar = ranked[request.top - 1]
             for _, _, rest in [(None, None, c), *queue]:
-                rest.rejected = (f"bound: at most {rest.tokens_bound:,.0f} tokens/s/GPU, not above the"
-                                 f" {_ordinal(request.top)} best found ({bar.tokens:,.0f})")
+                if rest.plan is None and not rest.rejected:
+                    rest.rejected = (f"bound: at most {rest.tokens_bound:,.0f} tokens/s/GPU, not above the"
+                                     f" {_ordinal(request.top)} best found ({bar.tokens:,.0f})")
             break
         if c.problem is None:  # cost it in full and put it back with its tighter bound
             _refine(c, shapes, partitions)
@@ -291,7 +314,8 @@ def configure(spec: Spec, request: ConfigureRequest, on_progress: Progress | Non
             continue
         if len(scheduled) >= max_scheduled or (stop is not None and stop()):
             for _, _, rest in [(None, None, c), *queue]:
-                rest.rejected = "not scheduled: the search's budget of scheduled layouts was spent"
+                if rest.plan is None and not rest.rejected:
+                    rest.rejected = "not scheduled: the search's budget of scheduled layouts was spent"
             complete = False
             break
         _schedule(c)
@@ -388,6 +412,14 @@ class _Shape:
         act = 0.0 if (t.offload or t.recompute) else sum(c.activation_bytes for c in self.costs)
         return (static + act) / MIB / layout.pp * (1 - 1e-6)
 
+    def in_flight_mib(self, layout: Layout) -> float:
+        """An estimate, not a bound (it only picks the first layout to schedule): the average static
+        memory plus min(pp, microbatches) microbatches' activations of a device's share, as 1F1B keeps
+        on its first device."""
+        static = sum(c.static_bytes for c in self.costs)
+        act = sum(c.activation_bytes for c in self.costs)
+        return (static + act * min(layout.pp, layout.microbatches)) / MIB / layout.pp
+
     def work_floor(self, layout: Layout) -> float:
         """ms the iteration lasts at least: the busiest device computes at least the average work of
         its microbatches (F + B + W of every layer over pp devices)."""
@@ -396,9 +428,12 @@ class _Shape:
         return max(1e-9, (work - slack) * layout.microbatches / layout.pp * (1 - 1e-6))
 
 
+def _shape_key(lay: Layout) -> tuple:
+    return (lay.tp, lay.cp, lay.ep, lay.dp, lay.mbs, lay.precision)
+
+
 def _shape(c: Candidate, shapes: dict[tuple, _Shape]) -> _Shape:
-    lay = c.layout
-    key = (lay.tp, lay.cp, lay.ep, lay.dp, lay.mbs, lay.precision)
+    key = _shape_key(c.layout)
     if key not in shapes:
         spec = Spec.model_validate(c.spec)
         t = spec.training
