@@ -23,6 +23,7 @@ Rules (Megatron-LM's, where it has one; decided here where the issue is silent):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,14 +43,14 @@ class ConfigureRequest(BaseModel):
 
     gpus: int = Field(ge=1, le=65536, description="GPUs the job runs on")
     gpus_per_node: int | None = Field(default=None, ge=1, description="default: the spec's cluster")
-    global_batch: int = Field(ge=1, description="sequences per iteration")
+    global_batch: int = Field(ge=1, le=10_000_000, description="sequences per iteration")
     seq_len: int | None = Field(default=None, ge=1, description="tokens per sequence; default: the spec's")
     max_tp: int | None = Field(default=None, ge=1)
     max_cp: int = Field(default=8, ge=1, description="largest context-parallel degree tried")
     max_ep: int | None = Field(default=None, ge=1)
     pp: int | None = Field(default=None, ge=1, description="fix the pipeline-parallel degree")
     max_vp: int = Field(default=32, ge=1, description="most stages per device tried with loop placement")
-    micro_batch_sizes: list[int] = Field(default=[1, 2, 4], min_length=1, description="sizes tried")
+    micro_batch_sizes: list[int] = Field(default=[1, 2, 4], min_length=1, max_length=16, description="sizes tried")
     precisions: list[PRECISION] | None = Field(default=None, min_length=1, description="default: the spec's")
     placements: list[str] = Field(default=list(PLACEMENTS), min_length=1)
     offload: bool | None = Field(default=None, description="schedules may offload; default: the spec's")
@@ -62,8 +63,8 @@ class ConfigureRequest(BaseModel):
         bad = [p for p in self.placements if p not in PLACEMENTS]
         if bad:
             raise ValueError(f"placements: unknown {bad}; use {' or '.join(PLACEMENTS)}")
-        if any(b < 1 for b in self.micro_batch_sizes):
-            raise ValueError("micro_batch_sizes: sizes must be >= 1")
+        if any(not 1 <= b <= 4096 for b in self.micro_batch_sizes):
+            raise ValueError("micro_batch_sizes: sizes must be between 1 and 4096")
         return self
 
 
@@ -172,15 +173,16 @@ def _expert_degrees(spec: Spec, stage_gpus: int, max_ep: int | None) -> list[int
 
 
 def nearest_batches(request: ConfigureRequest, spec: Spec, gpus_per_node: int) -> list[int]:
-    """The global batches nearest to the request's (below and above) that some layout accepts."""
-    def ok(gbs: int) -> bool:
-        trial = request.model_copy(update={"global_batch": gbs})
-        return next(enumerate_layouts(spec, trial, gpus_per_node), None) is not None
-
-    below = next((g for g in range(request.global_batch - 1, 0, -1) if ok(g)), None)
-    above = next((g for g in range(request.global_batch + 1, request.global_batch * 2 + request.gpus + 1)
-                  if ok(g)), None)
-    return [g for g in (below, above) if g is not None]
+    """The global batches nearest to the request's (below and above) that some layout accepts: the
+    multiples of dp x micro-batch size over the layouts the structure allows (found once, with a
+    batch every dp and size divide)."""
+    every = request.gpus * math.lcm(*request.micro_batch_sizes)
+    trial = request.model_copy(update={"global_batch": every})
+    steps = {lay.dp * lay.mbs for lay in enumerate_layouts(spec, trial, gpus_per_node)}
+    gbs = request.global_batch
+    below = max((gbs // d * d for d in steps if gbs // d > 0), default=None)
+    above = min(((gbs // d + 1) * d for d in steps), default=None)
+    return [g for g in (below, above) if g is not None and g != gbs]
 
 
 def spec_of(spec: Spec, layout: Layout, request: ConfigureRequest, cluster: dict[str, Any]) -> dict[str, Any]:
