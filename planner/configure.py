@@ -437,7 +437,8 @@ def _shape(c: Candidate, shapes: dict[tuple, _Shape]) -> _Shape:
     if key not in shapes:
         spec = Spec.model_validate(c.spec)
         t = spec.training
-        shapes[key] = _Shape(spec, layer_costs(spec), (spec.hardware.hbm_gib - t.reserved_gib) * 1024)
+        budget = t.memory_budget_gib if t.memory_budget_gib is not None else spec.hardware.hbm_gib
+        shapes[key] = _Shape(spec, layer_costs(spec), (budget - t.reserved_gib) * 1024)
     return shapes[key]
 
 

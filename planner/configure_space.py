@@ -200,7 +200,8 @@ def spec_of(spec: Spec, layout: Layout, request: ConfigureRequest, cluster: dict
     doc["precision"] = layout.precision
     t = doc["training"]
     t.update(devices=layout.pp, microbatches=layout.microbatches, placement=layout.placement, chunks=layout.vp)
-    t.pop("memory_budget_gib", None)  # the GPU's memory (less the headroom, reserved_gib)
+    if isinstance(t.get("memory_budget_gib"), list):  # one per device: meaningless for another pp
+        t.pop("memory_budget_gib")
     t["reserved_gib"] = t.get("reserved_gib", 0.0) + request.memory_headroom_gib
     t.pop("dp_shards", None)
     if request.offload is not None:

@@ -136,3 +136,13 @@ def test_the_search_never_does_worse_than_a_published_layout(run_id):
     published = predict(run)
     assert published.fits
     assert result.best.tokens >= published.tokens * (1 - 1e-9)
+
+
+def test_the_spec_memory_budget_is_every_layout_limit():
+    spec = small_spec(layers=16, hidden=2048, ffn=8192, heads=16, kv_heads=4, seq_len=4096)
+    doc = spec.model_dump(mode="json", exclude_none=True)
+    doc["training"]["memory_budget_gib"] = 12
+    req = ConfigureRequest(gpus=8, gpus_per_node=8, global_batch=16, top=3, memory_headroom_gib=2)
+    result = configure(Spec.model_validate(doc), req)
+    assert all(c.peak_mib <= 10 * 1024 + 1e-6 for c in result.scheduled)
+    assert all(c.problem.devices[0].memory_limit_mib == 10 * 1024 for c in result.scheduled)
