@@ -244,7 +244,11 @@ def configure(spec: Spec, request: ConfigureRequest, on_progress: Progress | Non
         if ops > limits.max_ops or layout.microbatches > limits.max_microbatches:
             c.rejected = f"too large to schedule: {ops} ops (limit {limits.max_ops})"
             continue
-        shape = _shape(c, shapes)
+        try:
+            shape = _shape(c, shapes)
+        except ValueError as exc:  # never expected: the space keeps to the spec's rules
+            c.rejected = f"not a valid spec: {exc}"
+            continue
         c.costs = shape.costs
         c.min_memory_mib, c.limit_mib = shape.memory_floor(layout), shape.limit_mib
         if c.min_memory_mib > c.limit_mib + 1e-6:
@@ -280,7 +284,9 @@ def configure(spec: Spec, request: ConfigureRequest, on_progress: Progress | Non
         next(iter(roomy), None)
     if dive is not None:
         _refine(dive, shapes, partitions)
-        if dive.min_memory_mib <= dive.limit_mib + 1e-6:
+        if dive.rejected:
+            pass
+        elif dive.min_memory_mib <= dive.limit_mib + 1e-6:
             seen[dive.key] = dive
             _schedule(dive)
         else:
@@ -299,6 +305,8 @@ def configure(spec: Spec, request: ConfigureRequest, on_progress: Progress | Non
             break
         if c.problem is None:  # cost it in full and put it back with its tighter bound
             _refine(c, shapes, partitions)
+            if c.rejected:
+                continue
             if c.min_memory_mib > c.limit_mib + 1e-6:
                 c.rejected = _oom(c)
             elif c.key in seen:
@@ -338,6 +346,8 @@ def score(spec: Spec, request: ConfigureRequest, layout: Layout, plan_fn: PlanFn
     cluster = _cluster(spec, request)
     c = Candidate(layout, spec_of(spec, layout, request, cluster))
     _refine(c, {}, {})
+    if c.rejected:
+        raise ConfigureError("layout", c.rejected)
     if c.min_memory_mib > c.limit_mib + 1e-6:
         raise ConfigureError("layout", _oom(c), least_memory_mib=round(c.min_memory_mib, 1))
     c.plan = (plan_fn or fast_plan)(c.problem, c.key)
@@ -447,9 +457,13 @@ def _refine(c: Candidate, shapes: dict[tuple, _Shape], partitions: dict[tuple, l
     least memory and proven bound (the critical-path and device-work argument: the other quick
     arguments cost several times more and the plan carries them all anyway)."""
     lay = c.layout
-    shape = _shape(c, shapes)
+    try:
+        shape = _shape(c, shapes)
+        spec = Spec.model_validate(c.spec)
+    except ValueError as exc:  # never expected: the space keeps to the spec's rules
+        c.rejected = f"not a valid spec: {exc}"
+        return
     c.costs = shape.costs
-    spec = Spec.model_validate(c.spec)
     # the balanced partition reads only the layer times: layouts that differ in dp share it
     weights = tuple(round(x.total_ms, 12) for x in c.costs) if lay.partition == "balanced" else lay.partition
     part_key = (lay.stages, weights)
