@@ -284,13 +284,11 @@ def configure(spec: Spec, request: ConfigureRequest, on_progress: Progress | Non
         next(iter(roomy), None)
     if dive is not None:
         _refine(dive, shapes, partitions)
-        if dive.rejected:
-            pass
-        elif dive.min_memory_mib <= dive.limit_mib + 1e-6:
+        if dive.min_memory_mib > dive.limit_mib + 1e-6:
+            dive.rejected = dive.rejected or _oom(dive)
+        elif not dive.rejected:
             seen[dive.key] = dive
             _schedule(dive)
-        else:
-            dive.rejected = _oom(dive)
     while queue:
         _, _, c = heapq.heappop(queue)
         if c.plan is not None or c.rejected:  # the dive's
