@@ -81,8 +81,8 @@ def configure_cmd(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the configurations document here.")] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len", min=1, help="Tokens per sequence (default: the spec's).")
                        ] = None,
-    max_tp: Annotated[int | None, typer.Option("--max-tp", min=1)] = None,
-    max_cp: Annotated[int, typer.Option("--max-cp", min=1)] = 8,
+    max_tp: Annotated[int | None, typer.Option("--max-tp", min=1, help="Largest tensor-parallel degree.")] = None,
+    max_cp: Annotated[int, typer.Option("--max-cp", min=1, help="Largest context-parallel degree.")] = 8,
     pp: Annotated[int | None, typer.Option("--pp", min=1, help="Fix the pipeline-parallel degree.")] = None,
     micro_batch_sizes: Annotated[str, typer.Option(
         "--micro-batch-sizes", help="Comma-separated sizes to try.")] = "1,2,4",
