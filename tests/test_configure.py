@@ -146,3 +146,18 @@ def test_the_spec_memory_budget_is_every_layout_limit():
     result = configure(Spec.model_validate(doc), req)
     assert all(c.peak_mib <= 10 * 1024 + 1e-6 for c in result.scheduled)
     assert all(c.problem.devices[0].memory_limit_mib == 10 * 1024 for c in result.scheduled)
+
+
+def test_score_costs_a_layout_as_the_search_does_and_says_where_it_loses():
+    from pipeplan.planner.configure import score, why_lost
+
+    spec = small_spec()
+    req = ConfigureRequest(gpus=8, gpus_per_node=8, global_batch=16, top=1000, micro_batch_sizes=[1])
+    result = configure(spec, req, max_scheduled=10_000)
+    best, worst = result.ranked[0], result.ranked[-1]
+    again = score(spec, req, worst.layout)
+    assert again.key == worst.key and again.tokens == worst.tokens
+    assert why_lost(again, best).split(":")[0] in {
+        "compute on the busiest GPU (its stages, micro-batch size, host floor)", "TP collectives",
+        "expert all-to-alls", "context-parallel ring", "pipeline bubble",
+        "gradient reduction and optimizer step after the pipeline"}
