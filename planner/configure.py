@@ -39,6 +39,7 @@ from .contract import DEFAULT_LIMITS, Limits, Plan, Problem
 from .costmodel import LayerCost, build_problem, layer_costs, partition_for
 from .iteration import iteration_ms
 from .spec import CLUSTERS, MIB, Spec
+from .validator import assert_valid
 
 CONFIGURATIONS_FORMAT = "pipeplan.configurations/v1"
 GIB = 1024.0
@@ -225,7 +226,8 @@ def configure(spec: Spec, request: ConfigureRequest, on_progress: Progress | Non
     the queue is scheduled. The search ends when the head's bound cannot beat the `top`-th plan."""
     started = time.monotonic()
     report = on_progress or (lambda _event: None)
-    plan_fn = plan_fn or fast_plan
+    validate = plan_fn is None  # an injected plan_fn validates (or its caller does, as the service's store)
+    plan_fn = plan_fn or (lambda problem, key: fast_plan(problem, key, validate=False))
     cluster = _cluster(spec, request)
     gpus_per_node = cluster["gpus_per_node"]
     _check(spec, request, gpus_per_node)
@@ -328,6 +330,9 @@ def configure(spec: Spec, request: ConfigureRequest, on_progress: Progress | Non
     if not scheduled:
         raise _nothing_fits(candidates, limits)
     ranked = sorted(scheduled, key=Candidate.rank_key)
+    if validate:  # what is returned: the ranked plans (the rest only give their figures to the document)
+        for c in ranked[:request.top]:
+            assert_valid(c.problem, c.plan, c.key)
     for i, c in enumerate(ranked[request.top:], start=request.top + 1):
         c.rejected = f"ranked {i}"
     result = Configurations(request, spec, gpus_per_node, ranked[:request.top], ranked,
