@@ -48,7 +48,7 @@ def test_the_configuration_page_ranks_charts_and_links_every_candidate(tmp_path)
             assert box["width"] > 500 and box["height"] > 200
             os.makedirs("test-artifacts", exist_ok=True)
             page.screenshot(path="test-artifacts/dashboard-configurations.png", full_page=True)
-            page.locator("svg.configurations a.candidate.ranked").first.click()
+            page.locator('svg.configurations a.candidate[data-rank="1"]').click()
             page.wait_for_url(re.compile(r".*/dashboard/plans/[0-9a-f]{64}$"))
             assert page.locator("svg.gantt").count() == 1
             browser.close()

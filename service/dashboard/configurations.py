@@ -35,7 +35,7 @@ def configurations_svg(doc: dict[str, Any], width: int = 1000, height: int = 420
     y_lo, y_hi = min(ys) * 0.95, max(ys) * 1.03 or 1.0
     if y_hi <= y_lo:
         y_lo, y_hi = y_lo * 0.9, y_hi * 1.1 + 1
-    left, right, top_m, bottom = 80, 30, 20, 42
+    left, right, top_m, bottom = 80, 30, 28, 42
     cw, ch = width - left - right, height - top_m - bottom
 
     def x_of(v: float) -> float:
@@ -55,17 +55,28 @@ def configurations_svg(doc: dict[str, Any], width: int = 1000, height: int = 420
     for v in _ticks(x_lo, x_hi, 8):
         parts.append(f'<text class="tick" x="{_n(x_of(v))}" y="{height - 24}">{_tick_label(v, xstep)}</text>')
     parts.append(f'<text class="unit" x="{left + cw}" y="{height - 6}" text-anchor="end">peak GiB per GPU</text>'
-                 f'<text class="unit" x="{left - 6}" y="{top_m - 6}" text-anchor="end">tokens/s per GPU</text>')
-    # the ranked ones last, so they are drawn over the others
-    for c in sorted(scored, key=lambda c: (c["problem_key"] in top, -c["rank"])):
+                 f'<text class="unit" x="4" y="{top_m - 6}" style="text-anchor:start">tokens/s per GPU</text>')
+    # the ranked ones last (rank 1 on top), so they are drawn over the others; ranked points at the same
+    # place share one label ("2, 3")
+    labels: dict[tuple[str, str], list[int]] = {}
+    for c in scored:
+        if c["problem_key"] in top:
+            at = (_n(x_of(c["peak_memory_mib"] / GIB)), _n(y_of(c["tokens_per_s_per_gpu"])))
+            labels.setdefault(at, []).append(top[c["problem_key"]])
+    for c in sorted(scored, key=lambda c: (c["problem_key"] in top, -top.get(c["problem_key"], 0))):
         rank = top.get(c["problem_key"])
         tip = (f'{c["name"]}: {c["tokens_per_s_per_gpu"]:,.0f} tokens/s/GPU, {c["iteration_ms"]:,.1f} ms per'
                f' iteration, {c["peak_memory_mib"] / GIB:.1f} GiB peak' + (f" (rank {rank})" if rank else ""))
         look = f'fill="{TOP}" r="6"' if rank else f'fill="{OTHER}" r="4"'
         x, y = x_of(c["peak_memory_mib"] / GIB), y_of(c["tokens_per_s_per_gpu"])
-        label = f'<text class="unit" x="{_n(x + 8)}" y="{_n(y - 6)}">{rank}</text>' if rank else ""
-        parts.append(f'<a class="candidate{" ranked" if rank else ""}" href="/dashboard/plans/{c["problem_key"]}">'
-                     f'<circle cx="{_n(x)}" cy="{_n(y)}" {look}><title>{escape(tip)}</title></circle>{label}</a>')
+        label = ""
+        ranks = labels.get((_n(x), _n(y)), [])
+        if rank and rank == min(ranks):
+            label = f'<text class="unit" x="{_n(x + 8)}" y="{_n(y - 6)}">{", ".join(map(str, sorted(ranks)))}</text>'
+        attrs = f' data-rank="{rank}"' if rank else ""
+        parts.append(f'<a class="candidate{" ranked" if rank else ""}"{attrs}'
+                     f' href="/dashboard/plans/{c["problem_key"]}"><circle cx="{_n(x)}" cy="{_n(y)}" {look}>'
+                     f'<title>{escape(tip)}</title></circle>{label}</a>')
     parts.append("</svg>")
     return "".join(parts)
 
