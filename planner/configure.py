@@ -402,9 +402,9 @@ def _nothing_fits(candidates: list[Candidate], limits: Limits) -> ConfigureError
                               f" ({limits.max_ops} ops); use a smaller global batch or larger micro-batch sizes")
     least = min(costed, key=lambda c: (c.min_memory_mib, c.layout))
     return ConfigureError(
-        "gpus", f"no layout fits in memory: the least any needs is {least.min_memory_mib / GIB:.1f} GiB per GPU"
-        f" ({least.layout.name}), the limit is {least.limit_mib / GIB:.1f} GiB; use more GPUs, or allow offload"
-        " and recompute", least_memory_mib=round(least.min_memory_mib, 1), least_memory_layout=least.layout.name)
+        "gpus", f"no layout fits in memory: every layout needs at least {least.min_memory_mib / GIB:.1f} GiB per"
+        f" GPU (the least: {least.layout.name}), the limit is {least.limit_mib / GIB:.1f} GiB; use more GPUs, or"
+        " allow offload and recompute", least_memory_mib=round(least.min_memory_mib, 1), least_memory_layout=least.layout.name)
 
 
 @dataclass
