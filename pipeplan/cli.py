@@ -21,7 +21,7 @@ app = typer.Typer(
 # Each module registers its own commands; a module whose optional dependencies are missing still
 # registers, and its commands explain which extra to install when run.
 COMMAND_MODULES = ("spec", "planning", "solving", "adaptive", "server", "frontier", "fidelity", "profile",
-                   "exporting")
+                   "exporting", "configure")
 
 for _name in COMMAND_MODULES:
     try:

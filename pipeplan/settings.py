@@ -129,6 +129,12 @@ class Settings(BaseSettings):
     frontier_timeout_s: float = Field(
         120.0, gt=0, description="Time box of a frontier request's first plans, computed in their own process;"
         " it is killed beyond this (503) or when the client leaves.")
+    configure_timeout_s: float = Field(
+        300.0, gt=0, description="Time box of a configuration search (POST /v1/configurations), run in its own"
+        " process: a 64-GPU Llama-3-70B search takes 30-45 s on 2 loaded cores (bench/configure.py --llama70b).")
+    configure_refine_top: int = Field(
+        5, ge=0, le=100, description="A configuration search queues one refine job for each of its best this"
+        " many candidates (at most the request's top); the other candidates keep their first plans.")
     max_frontier_requests: int = Field(
         1, ge=1, description="Frontier requests computing at once per process (each also takes a heavy slot);"
         " more get 503 with Retry-After at once.")

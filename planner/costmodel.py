@@ -111,6 +111,7 @@ class LayerCost(BaseModel):
     model_flops: float = 0.0  # forward FLOPs, causal attention counted as computed (for MFU)
     expert_params: float = 0.0  # of `params`, routed experts
     transient_bytes: float = 0.0  # full recompute: the block's activation, held during its backward
+    comm_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)  # TP, EP, CP time shown in F + B (parallel estimate)
     grad_bytes: tuple[float, float] = (0.0, 0.0)  # per GPU, dense and expert gradients to reduce
     optimizer_params: float = 0.0  # per GPU, parameters whose optimizer state this GPU updates
 
@@ -373,9 +374,10 @@ def _pass_times(p: _Parts, spec: Spec, layout: Layout, block: int | None
     return linear + core_ms + hbm + stream, linear + 2 * core_ms + hbm + 2 * stream, linear + hbm, core_ms
 
 
-def _exposed_comm(p: _Parts, spec: Spec, layout: Layout, compute: tuple[float, float], core_ms: float
-                  ) -> tuple[float, float]:
-    """Communication time left on the compute stream in F and in B (docs/costmodel.md):
+def exposed_parts(p: _Parts, spec: Spec, layout: Layout, compute: tuple[float, float], core_ms: float
+                  ) -> list[tuple[float, float, float]]:
+    """Communication time left on the compute stream in F and in B, by kind -- (TP, EP, CP) ms for each
+    pass (docs/costmodel.md; a configuration search reports the kinds apart):
 
     * TP: `tp_collectives` all-gathers / reduce-scatters of the hidden state (b·s/cp·h 16-bit values)
       per pass; the part beyond `tp_overlap` x the pass's compute shows;
@@ -389,12 +391,8 @@ def _exposed_comm(p: _Parts, spec: Spec, layout: Layout, compute: tuple[float, f
     routed = b * s / (layout.tp * layout.cp) * (m.top_k or 0) * h * 2
     a2a = p.all_to_alls * layout.all_to_all_ms(routed)
     ring = (layout.cp - 1) * layout.cp_ring_ms(b * s / layout.cp * p.ring_width * 2 / layout.tp)
-    out = []
-    for k, busy in enumerate(compute):
-        shown = max(0.0, tp - par.tp_overlap * busy) + max(0.0, a2a - par.ep_overlap * busy)
-        shown += max(0.0, (k + 1) * (ring - core_ms))
-        out.append(shown)
-    return out[0], out[1]
+    return [(max(0.0, tp - par.tp_overlap * busy), max(0.0, a2a - par.ep_overlap * busy),
+             max(0.0, (k + 1) * (ring - core_ms))) for k, busy in enumerate(compute)]
 
 
 def _host_floor(p: _Parts, spec: Spec, fwd: float, bi: float, bw: float) -> tuple[float, float]:
@@ -450,9 +448,11 @@ def layer_costs(spec: Spec) -> list[LayerCost]:
         else:
             fwd, bi, bw, core_ms = _pass_times(p, spec, layout, attending)
         act, wg = p.act, p.wgrad
-        transient = 0.0
+        transient, comm = 0.0, (0.0, 0.0, 0.0)
         if layout is not None:
-            fwd_comm, bi_comm = _exposed_comm(p, spec, layout, (fwd, bi), core_ms)
+            shown = exposed_parts(p, spec, layout, (fwd, bi), core_ms)
+            fwd_comm, bi_comm = shown[0][0] + shown[0][1] + shown[0][2], shown[1][0] + shown[1][1] + shown[1][2]
+            comm = (shown[0][0] + shown[1][0], shown[0][1] + shown[1][1], shown[0][2] + shown[1][2])
             act, wg = _per_gpu_memory(p, spec, layout)
             if training.full_recompute and g.type in BLOCKS:
                 # keep the block's input only; rerun its forward inside the backward
@@ -479,6 +479,7 @@ def layer_costs(spec: Spec) -> list[LayerCost]:
             model_flops=p.linear_flops + p.core_flops * attended,
             expert_params=p.expert_params,
             transient_bytes=transient,
+            comm_ms=comm,
         ))
     if model.tie_embeddings:
         head = next(c for c in out if c.type == "lm_head")

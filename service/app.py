@@ -14,7 +14,7 @@ from starlette.middleware.gzip import GZipMiddleware
 
 from pipeplan.settings import Settings, get_settings
 
-from . import api, dashboard, errors, frontier_api, openapi, ops, trace_api
+from . import api, configure_api, dashboard, errors, frontier_api, openapi, ops, trace_api
 from .bodies import BodyMiddleware
 from .metrics import MetricsMiddleware
 from .state import ServiceState
@@ -37,6 +37,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.pipeplan = state
     app.include_router(api.router)
     app.include_router(frontier_api.router)  # /v1/frontiers (docs/frontier.md)
+    app.include_router(configure_api.router)  # /v1/configurations (docs/configure.md)
     app.include_router(trace_api.router)  # /v1/plans/{key}/traces (docs/trace.md)
     app.include_router(ops.router)  # /healthz, /readyz, /metrics
     errors.install(app, settings.retry_after_s)

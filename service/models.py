@@ -161,6 +161,30 @@ class FrontierPointRow(Base):
     point_key: Mapped[str] = mapped_column(ForeignKey("problems.key", ondelete="CASCADE"), index=True)
 
 
+class ConfigurationRow(Base):
+    """A configuration search (docs/configure.md): the request and the search's document, as first
+    ranked; its candidates are ordinary problems (ConfigurationCandidateRow)."""
+
+    __tablename__ = "configurations"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    document: Mapped[dict] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ConfigurationCandidateRow(Base):
+    """Candidate `idx` (the search's order) of a configuration search, cached as the plan of
+    `candidate_key`; `refined`: its refine job was queued by the search."""
+
+    __tablename__ = "configuration_candidates"
+
+    configuration_key: Mapped[str] = mapped_column(ForeignKey("configurations.key", ondelete="CASCADE"),
+                                                   primary_key=True)
+    idx: Mapped[int] = mapped_column(Integer, primary_key=True)
+    candidate_key: Mapped[str] = mapped_column(ForeignKey("problems.key", ondelete="CASCADE"), index=True)
+    refined: Mapped[bool] = mapped_column(Boolean)
+
+
 class TraceRow(Base):
     """One measured iteration of a plan (`pipeplan.trace/v1`, docs/trace.md) and what it yielded.
 

@@ -18,7 +18,8 @@ from sqlalchemy import inspect, text
 
 from pipeplan.settings import Settings
 
-TABLES = {"problems", "plan_revisions", "jobs", "frontiers", "frontier_points", "plan_traces"}
+TABLES = {"problems", "plan_revisions", "jobs", "frontiers", "frontier_points", "plan_traces",
+          "configurations", "configuration_candidates"}
 
 
 def tables(engine) -> set[str]:

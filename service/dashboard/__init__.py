@@ -4,10 +4,10 @@ Pages are plain `def` endpoints (blocking SQL runs in the thread pool). The brow
 EventSource open; each event makes it re-fetch only the server-rendered fragment that changed (one
 overview row, or the plan panels), so all rendering lives in the templates and `views`.
 
-One module per page or concern: `overview`, `plan_page`, `frontier` (pages), `events` (live updates),
-`baselines` (the comparison tables), `traces` (measured runs), `data` (what pages show, cached),
-`views` (pure SVG and text renderers), `templating` (templates and static files) and `deps` (what
-the pages read from the app, and the read-key gate). The app factory calls `install(app)`.
+One module per page or concern: `overview`, `plan_page`, `frontier`, `configurations` (pages),
+`events` (live updates), `baselines` (the comparison tables), `traces` (measured runs), `data` (what
+pages show, cached), `views` (pure SVG and text renderers), `templating` (templates and static files)
+and `deps` (what the pages read from the app, and the read-key gate). The app factory calls `install(app)`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse
 
-from . import events, frontier, overview, plan_page, templating
+from . import configurations, events, frontier, overview, plan_page, templating
 from .deps import KeyRequired
 from .templating import context, templates
 
 router = APIRouter()
-for part in (templating, overview, plan_page, events, frontier):
+for part in (templating, overview, plan_page, events, frontier, configurations):
     router.include_router(part.router)
 
 
