@@ -6,8 +6,8 @@ client fetches it as usual), and nothing in its problem says which search it cam
 rank the search gave it, and whether its refine job was queued are stored here.
 `configuration_candidates.candidate_key` is indexed: a revision of a candidate finds its searches.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-08
 """
 from __future__ import annotations
@@ -16,9 +16,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-# The lead renumbers at merge (another branch adds a 0006 too): change these two lines only.
-revision = "0006"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
