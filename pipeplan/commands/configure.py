@@ -98,7 +98,7 @@ def configure_cmd(
         "--refine-s", min=0.0, help="Then solve each ranked candidate this long with the solver (0: no).")] = 0.0,
     refine_top: Annotated[int, typer.Option("--refine-top", min=1, help="How many ranked candidates to solve.")] = 5,
 ) -> None:
-    """Rank the parallel layouts of a model on a cluster by predicted tokens/s per GPU."""
+    """Rank the layouts of a model on a cluster by predicted speed."""
     from pydantic import ValidationError
 
     from pipeplan.planner.configure import ConfigureError, configure, refine
