@@ -93,6 +93,8 @@ class Budgets:
         n = problem.num_devices
         if mode == "uniform":
             memory = device_memory(problem)
+            if memory is not None and memory[0] <= 0:  # a zero limit is no unit to scale budgets by
+                memory = None
             if memory is None and peak_mib is None:
                 raise ValueError("the problem names no GPU memory and no limit: give the unlimited peak")
             unit = memory[0] if memory is not None else max(max(peak_mib or [0.0]), 1.0)

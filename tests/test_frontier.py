@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from pipeplan.planner.bounds import min_memory
-from pipeplan.planner.contract import Plan
+from pipeplan.planner.contract import Plan, Problem
 from pipeplan.planner.frontier import Budgets, compute_frontier, monotone, rekey, view_of
 from pipeplan.planner.validator import validate_plan
 from service_support import BIN, make_problem, problem_doc
@@ -171,3 +171,18 @@ def test_the_plot_spans_the_frontier_marks_the_gpu_memory_and_flags_points_beyon
     assert "off the chart: gpipe 12,000 ms at 314.1 GiB" in svg
     page = frontier_svg(doc)
     assert page.count('class="point beyond-hbm"') == 1 and 'class="hbm"' in page and "GPU memory 79.6 GiB" in page
+
+
+def test_a_problem_whose_gpus_have_no_memory_gets_a_frontier_not_an_error():
+    """A zero memory limit (nothing to hold: every activation and static 0) gives no unit to scale
+    budgets by; the unlimited plan's peak stands in, as for a problem with no limit (found by
+    schemathesis: the service answered 503)."""
+    problem = Problem.model_validate({
+        "num_devices": 1, "num_microbatches": 1, "p2p_ms": 0,
+        "devices": [{"memory_limit_mib": 0.0, "static_mib": 0}],
+        "options": {"offload": False, "recompute": False, "split_backward": True},
+        "stages": [{"device": 0, "forward_ms": 1.0, "backward_input_ms": 1.0, "backward_weight_ms": 0.0,
+                    "activation_mib": 0.0}]})
+    assert Budgets.of(problem, "uniform", peak_mib=[0.0]).unit_mib == [1.0]
+    frontier = compute_frontier(problem, points=2, time_limit_s=1.0, workers=1)
+    assert frontier.points and all(p.plan.makespan_ms == 2.0 for p in frontier.points)
