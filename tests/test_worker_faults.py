@@ -85,7 +85,9 @@ def test_busy_worker_survives_a_redis_outage_runs_one_solve_and_stops_and_restar
         assert first == "done", first
         wait_for(lambda: state(second) == "done", 30, what="the second job")
         assert "unreachable" in worker.output() or "lost Redis" in worker.output()
-        assert defunct_children(worker.popen.pid) == [], worker.output()
+        # left, not passing: a work horse that has just exited is a zombie until the worker's next
+        # wait, which a loaded machine may delay by a moment
+        wait_for(lambda: defunct_children(worker.popen.pid) == [], 5, what="the work horses reaped")
         worker.kill(signal.SIGTERM)  # idle: stops at once, as `docker compose stop` asks
         assert worker.popen.wait(8) == 0, worker.output()
         worker = start_worker(tmp_path, "w1", **cfg)
