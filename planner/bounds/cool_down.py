@@ -29,7 +29,7 @@ from .forward_count import _knapsack
 from .occupancy import device_bound
 from .pipeline import backward_chain, backward_ms, backward_tail, forward_head
 
-STEPS = 400  # samples of the cool-down ramp: each loses at most 1/STEPS of its area, never overstates
+STEPS = 200  # samples of the cool-down ramp: each loses at most 1/STEPS of its area, never overstates
 
 
 def cool_down_bound(problem: Problem) -> float:
@@ -92,7 +92,7 @@ def cool_down_loss(problem: Problem, stages: list[int], cap: float) -> tuple[flo
     while down_mib(problem, stages, hi) < cap:
         hi *= 2.0
     lo = 0.0
-    for _ in range(40):  # the ramp's end, to well under a step
+    for _ in range(30):  # the ramp's end, to well under a step
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if down_mib(problem, stages, mid) < cap else (lo, mid)
     step = hi / STEPS

@@ -37,7 +37,7 @@ def test_the_ramps_by_hand():
     assert down_mib(problem, [0], 3.0) == pytest.approx(200.0)
     length, lost = cool_down_loss(problem, [0], 200.0)
     assert length == pytest.approx(3.0, abs=1e-6)
-    assert 325.0 - 1.0 < lost <= 325.0  # sampled at each step's right end: never more than the truth
+    assert 0.99 * 325.0 < lost <= 325.0  # sampled at each step's right end: never more than the truth
 
 
 def test_it_is_the_strongest_argument_and_below_the_blind_optimum():
