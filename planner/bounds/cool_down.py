@@ -67,20 +67,30 @@ def warm_up_loss(problem: Problem, stages: list[int], arrivals: list[list[float]
     return t - t0, lost  # unreachable: the caller checked that m activations exceed cap
 
 
-def down_mib(problem: Problem, stages: list[int], x: float) -> float:
-    """Most memory device (stages) can hold at time T - x (module docstring, cool-down)."""
+def _pending(problem: Problem, stages: list[int]) -> list[tuple[float, float, float, float, float]]:
+    """Per stage: (activation, B, W, backward chain after its B, weight gradient), as the cool-down
+    sees them (without split: BW, no W, nothing held after it)."""
     split = problem.options.split_backward
-    items, longest = [], 0.0
+    out = []
     for k in stages:
         s = problem.stages[k]
-        b = backward_ms(problem, k)
-        w = s.backward_weight_ms if split else 0.0
         chain = backward_chain(problem, k) if split else backward_tail(problem, k)
+        out.append((s.activation_mib, backward_ms(problem, k), s.backward_weight_ms if split else 0.0, chain,
+                    s.weight_grad_mib if split else 0.0))
+    return out
+
+
+def down_mib(problem: Problem, stages: list[int], x: float,
+             pending: list[tuple[float, float, float, float, float]] | None = None) -> float:
+    """Most memory device (stages) can hold at time T - x (module docstring, cool-down)."""
+    m = problem.num_microbatches
+    items, longest = [], 0.0
+    for act, b, w, chain, wg in pending or _pending(problem, stages):
         longest = max(longest, b, w)
-        pending_b = 0 if x < chain else min(problem.num_microbatches, int((x - chain) / b + 1e-9) + 1)
-        items.append((s.activation_mib, b + w, float(pending_b)))
-        if split and s.weight_grad_mib > 0:
-            items.append((s.weight_grad_mib, w, float(problem.num_microbatches)))
+        pending_b = 0 if x < chain else min(m, int((x - chain) / b + 1e-9) + 1)
+        items.append((act, b + w, float(pending_b)))
+        if wg > 0:
+            items.append((wg, w, float(m)))
     return _knapsack(x + longest, items)
 
 
@@ -88,14 +98,15 @@ def cool_down_loss(problem: Problem, stages: list[int], cap: float) -> tuple[flo
     """(length, MiB·ms) of the cool-down ramp: the x until down(x) reaches `cap` (doubling), and the
     area between, each step counted at its right end (down grows with x, so that is an upper bound
     of the memory held and the loss is never overstated)."""
+    pending = _pending(problem, stages)
     hi = max(backward_ms(problem, k) for k in stages)
-    while down_mib(problem, stages, hi) < cap:
+    while down_mib(problem, stages, hi, pending) < cap:
         hi *= 2.0
     lo = 0.0
     for _ in range(30):  # the ramp's end, to well under a step
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if down_mib(problem, stages, mid) < cap else (lo, mid)
+        lo, hi = (mid, hi) if down_mib(problem, stages, mid, pending) < cap else (lo, mid)
     step = hi / STEPS
-    lost = sum((cap - min(cap, down_mib(problem, stages, step * j))) * step for j in range(1, STEPS + 1))
+    lost = sum((cap - min(cap, down_mib(problem, stages, step * j, pending))) * step for j in range(1, STEPS + 1))
     return hi, lost
 
