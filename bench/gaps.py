@@ -122,7 +122,9 @@ def markdown(row: Row, m: int, r: dict[str, Any]) -> str:
         shares = ["-", "-"]
     else:
         low = f"{r['low']:,.1f}"
-        shares = [f"{100 * (r['ours'] / r['low'] - 1):.1f}%", f"{100 * (r['low'] / r['bound'] - 1):.1f}%"]
+        # the relaxation's optimum may sit a grid step below the real problem's bound: no share then
+        shares = [f"{100 * max(0.0, r['ours'] / r['low'] - 1):.1f}%",
+                  f"{100 * max(0.0, r['low'] / r['bound'] - 1):.1f}%"]
     proof = f"{'optimal' if r['low'] is not None else 'open'} in {r['exact_s']:.0f} s (1/{r['scale']} ms grid)"
     star = "*" if r["ours_status"] == "optimal" else ""
     return (f"| {row.id} | {m} | {r['bound']:,.1f} | {r['ours']:,.1f}{star} | {low} | {high:,.1f} | {gap:.1f}% | "
