@@ -171,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                            timeout_s=args.seconds + args.exact_seconds + 600)
             print(markdown(row, m, r), flush=True)
     print("\nms per iteration at M microbatches. * = our solve proved it optimal. optimum ≥: CP-SAT's proven"
-          " optimum of the relaxation (durations floored to the grid); optimum ≤: the better of ours and that"
-          " optimum's orders re-timed on the real problem.", flush=True)
+          " optimum of the relaxation (durations floored to the grid); optimum ≤: the better of ours and the"
+          " relaxation's best plan (its orders re-timed on the real problem).", flush=True)
     return 0
 
 
