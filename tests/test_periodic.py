@@ -1,14 +1,11 @@
 """Periodic steady states (planner/solver/periodic.py): one microbatch's ops placed modulo a cycle
 time by a small CP-SAT model, repeated M times, re-timed by the simulator; valid plans, at the
-cycle the pipeline's busiest device allows when memory does not bind, longer when it does, and a
-seed of memory-bound solves."""
+cycle the pipeline's busiest device allows when memory does not bind, longer when it does."""
 
 from __future__ import annotations
 
 import pytest
 from core_schedules import make_problem
-from pipeplan.planner.solver import solve
-from pipeplan.planner.solver.api import periodic_seconds
 from pipeplan.planner.solver.periodic import _Model, expand, least_cycle_ms, periodic_outcome
 from pipeplan.planner.validator import validate_plan
 
@@ -57,13 +54,3 @@ def test_expansion_gives_every_op_of_every_microbatch_once():
     schedule = expand(problem, starts, 30, 1)
     ops = schedule.all_ops()
     assert len(ops) == len(set(ops)) == 3 * 3 * 5  # F, B, W per stage and microbatch
-
-
-def test_a_memory_bound_solve_offers_it_as_a_seed():
-    problem = make_problem(p=4, m=8, limit=250.0, recompute=True)
-    assert periodic_seconds(problem, 60.0, False) == pytest.approx(9.0)
-    assert periodic_seconds(problem, 60.0, True) == 0.0  # deterministic solves: CP-SAT on the wall clock
-    assert periodic_seconds(make_problem(p=4, m=8), 60.0, False) == 0.0  # nothing to treat
-    result = solve(problem, 8.0)
-    assert any(n.startswith("periodic seed") for n in result.notes), result.notes
-    assert not validate_plan(problem, result.plan, problem.key())

@@ -27,11 +27,6 @@ ENGINES = ("auto", "cpsat", "lns", "milp")
 WHOLE_SHARE = 0.25
 WHOLE_MAX_S = 10.0
 LNS_PAIRS = 1024
-# A periodic steady state (periodic.py) is one more seed where memory binds and a treatment is allowed:
-# this share of the time, at most PERIODIC_MAX_S (Llama-3.1-8B at 32k tokens, recompute only at 70%:
-# the first plan 3,521 ms, the periodic seed 3,391, what 60 s of search found without it).
-PERIODIC_SHARE = 0.15
-PERIODIC_MAX_S = 10.0
 
 
 @dataclass
@@ -79,7 +74,7 @@ SLOW_ON_LARGE = ("adaoffload",)
 
 
 def _seed(problem: Problem, key: str, hint: Plan | None, inc: Incumbent, notes: list[str],
-          stop: threading.Event | None, deadline: float = float("inf"), periodic_s: float = 0.0) -> None:
+          stop: threading.Event | None, deadline: float = float("inf")) -> None:
     """Offer the hint and every baseline (planner.baselines) as it is built; the incumbent keeps the
     best. Equivalent to best_heuristic, but the first fitting plan is out at once. Once a plan exists,
     a stop or the deadline ends the seeding (a spent budget is a normal end: a 20-s refine of a big
@@ -112,8 +107,6 @@ def _seed(problem: Problem, key: str, hint: Plan | None, inc: Incumbent, notes: 
             inc.offer(run_baseline(problem, name, key))
         except Exception as exc:  # noqa: BLE001 - NotApplicable, DoesNotFit, or a heuristic's bug
             log.debug("baseline %s gave no seed: %s", name, exc)
-    if periodic_s > 0 and not (stop is not None and stop.is_set()):
-        _offer_periodic(problem, key, inc, min(periodic_s, deadline - time.monotonic()), notes)
     if inc.plan is None:
         try:
             inc.offer(best_heuristic(problem, problem_key=key))  # its serialized fallback always fits
@@ -138,31 +131,6 @@ def _widen_greedy(problem: Problem, key: str, inc: Incumbent, keep_going: Callab
     except Exception as exc:  # noqa: BLE001 - only an extra seed; the engines follow
         log.debug("widened greedy gave no plan: %s", exc)
         notes.append(f"widened greedy failed: {exc}")
-
-
-def _offer_periodic(problem: Problem, key: str, inc: Incumbent, seconds: float, notes: list[str]) -> None:
-    """The periodic steady state's plan (periodic.py), when one fits within `seconds`."""
-    if seconds < 0.5:
-        return
-    from .periodic import periodic_outcome
-
-    try:
-        out = periodic_outcome(problem, seconds)
-    except Exception as exc:  # noqa: BLE001 - only a seed; the engines follow
-        log.debug("periodic seed failed: %s", exc)
-        return
-    if out is not None:
-        notes.append(f"periodic seed {out.makespan:,.1f} ms ({out.method})")
-        inc.offer(out.plan(key))
-
-
-def periodic_seconds(problem: Problem, time_limit_s: float, deterministic: bool) -> float:
-    """The periodic seed's share of a solve: none for deterministic solves (its CP-SAT runs on the
-    wall clock), nor where no memory limit binds a treatment."""
-    opts = problem.options
-    if deterministic or not (opts.offload or opts.recompute) or not problem.limited_devices():
-        return 0.0
-    return min(PERIODIC_MAX_S, PERIODIC_SHARE * time_limit_s)
 
 
 def _offer_serialized(problem: Problem, key: str, inc: Incumbent) -> None:
@@ -226,8 +194,7 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
         return deterministic or time.monotonic() < deadline - margin_s
 
     seeding_deadline = float("inf") if deterministic else deadline
-    seeding = threading.Thread(target=_seed, args=(problem, key, hint, inc, notes, stop, seeding_deadline,
-                                                   periodic_seconds(problem, time_limit_s, deterministic)),
+    seeding = threading.Thread(target=_seed, args=(problem, key, hint, inc, notes, stop, seeding_deadline),
                                daemon=True)
     seeding.start()
     while seeding.is_alive():  # a big problem's baselines take seconds: keep honouring stop and the budget
