@@ -14,7 +14,8 @@ The cycle time is searched upward from the busiest lane's work per microbatch; e
 repetition for M microbatches becomes per-lane orders (reloads gated on the compute op planned
 just before them, so they do not run early and crowd memory), which the simulator re-times (ops
 move earlier where the orders allow) and `baselines.common.evaluate` checks, prunes and times like
-any heuristic's schedule; the caller validates the plan it keeps. Used as a seed by `solve`.
+any heuristic's schedule; the caller validates the plan it keeps. Not a seed of `solve`: measured
+there at 60 s it cost more search time than it gave (docs/optimizer.md, "Periodic steady states").
 """
 
 from __future__ import annotations
