@@ -61,8 +61,28 @@ NEMOTRON_H_8B = {"name": "Nemotron-H-8B-like hybrid", "hidden": 4096, "ffn": 215
                  "kv_heads": 8, "vocab": 131072, "seq_len": 8192, "gated_mlp": False,
                  "mamba_d_state": 128, "mamba_expand": 2,
                  "pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"}
+# Shapes outside the tuned table (issue 37), each a family of three budgets:
+# Llama-3.1-8B (Meta model card; "The Llama 3 Herd of Models" §3.4.2 trains long context in stages up
+# to 128k) at 32k tokens per sequence.
+LLAMA31_8B_32K = {**LLAMA3_8B, "name": "Llama-3.1-8B (32k context)", "seq_len": 32768}
+# Qwen3-30B-A3B (Qwen3 technical report, Table 2, and the HF config.json): 48 layers, 128 experts
+# top-8 of 768 wide, no shared expert, GQA with 4 KV heads of 128.
+QWEN3_30B_A3B = {"name": "Qwen3-30B-A3B", "layers": 48, "hidden": 2048, "ffn": 6144, "heads": 32,
+                 "kv_heads": 4, "head_dim": 128, "vocab": 151936, "seq_len": 4096, "experts": 128,
+                 "top_k": 8, "moe_ffn": 768}
+# Mistral-NeMo-12B (Mistral AI model card and config.json): 40 layers, GQA 8 KV heads of 128, 131k
+# (Tekken) vocabulary.
+MISTRAL_NEMO_12B = {"name": "Mistral-NeMo-12B", "layers": 40, "hidden": 5120, "ffn": 14336, "heads": 32,
+                    "kv_heads": 8, "head_dim": 128, "vocab": 131072, "seq_len": 4096}
 
 BUDGET_SHARES = (1.0, 0.7, 0.5)  # of 1F1B's own peak (bench/models.py)
+# Two memory sizes (issue 37): the first half of the devices at these shares of 1F1B's peak, the second
+# half at half of that. The small devices go last, where 1F1B holds fewest activations, as a planner
+# of such a cluster would place them. Half of 1F1B's peak is about the least a 12B stage on TP 2 needs
+# (its weights and optimizer state stay), so the large devices go from 150% down to 100%.
+UNEVEN_SHARES = (1.5, 1.25, 1.0)
+# 16-device V with a 256k vocabulary needs 69% of 1F1B's peak on the device holding embedding and head
+V256K_SHARES = (1.0, 0.85, 0.7)
 
 
 @dataclass(frozen=True)
@@ -76,6 +96,7 @@ class Case:
     placement: str = "loop"  # loop | v (V always has 2 chunks)
     chunks: int = 1
     tp: int = 1
+    cp: int = 1
     ep: int = 1
     stage_gpus: int = 8  # GPUs per pipeline stage: tp x dp (one DGX node)
     precision: str = "bf16"
@@ -84,6 +105,9 @@ class Case:
     partition: str = "balanced"
     budget_gib: float | list[float] | None = None
     offload: bool | None = None  # None: only where the budget is below 1F1B's peak
+    host_offload: bool = True  # False: where relaxed, recompute only (no host memory to offload to)
+    uneven: float | None = None  # the second half of the devices has this share of the first's memory
+    shares: tuple[float, ...] | None = None  # budgets as shares of 1F1B's peak; None: BUDGET_SHARES
     quick: bool = False  # part of the --quick smoke run
     note: str = ""  # why the case is in the suite (the issue's reports)
 
@@ -98,7 +122,7 @@ class Case:
         job = {} if self.one_gpu_per_stage else {
             "precision": self.precision,
             "parallel": {"tp": self.tp, "ep": self.ep, "etp": 1 if self.ep > 1 else None,
-                         "gpus": self.stage_gpus * self.devices}}
+                         "gpus": self.stage_gpus * self.devices, **({"cp": self.cp} if self.cp > 1 else {})}}
         return {
             "format": "pipeplan.spec/v1",
             "model": {"micro_batch_size": 1, "dtype": "bf16", **self.model},
@@ -141,6 +165,14 @@ SUITE: list[Case] = [
          note="issue: 20% gap (reported at one GPU per stage)"),
     # the first two devices (1F1B's most in-flight microbatches) short of memory, the rest roomy
     Case("qwen2.5-7b-p8-mixed-20-36", QWEN25_7B, 8, budget_gib=[20.0] * 2 + [36.0] * 6, offload=True),
+    # Issue 37's shapes, each at three budgets. Long context: TP 2 x CP 4 per node (the sequence split
+    # by ring attention, as long-context recipes do), recompute only below 1F1B's peak.
+    Case("llama3.1-8b-32k-p8-rc", LLAMA31_8B_32K, 8, tp=2, cp=4, host_offload=False,
+         note="issue 37: 4.1% at 60 s, recompute only"),
+    Case("qwen3-30b-a3b-p8", QWEN3_30B_A3B, 8, ep=8, note="issue 37: 9.0% at 60 s below 1F1B's budget"),
+    Case("mistral-nemo-12b-p8-uneven", MISTRAL_NEMO_12B, 8, tp=2, uneven=0.5, shares=UNEVEN_SHARES,
+         offload=True, note="issue 37: 3.7% at 60 s on half the devices with half the memory"),
+    Case("gemma2-9b-p16-v", GEMMA2_9B, 16, placement="v", shares=V256K_SHARES, note="issue 37: 2.3% at 60 s"),
 ]
 
 

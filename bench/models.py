@@ -7,6 +7,7 @@ against ours; prints a Markdown table.
     .venv/bin/python bench/models.py --only llama2-13b --limits 10,60
     .venv/bin/python bench/models.py --list                         # row ids, for --only chunks
     .venv/bin/python bench/models.py --condense models.md           # the README's view of a table
+    .venv/bin/python bench/models.py --first > first.txt            # first plans only (compare commits)
 
 Budgets: 1F1B's peak is measured (the simulator's peak of run_baseline(problem, "1f1b")) on the same
 model and devices in loop placement with one stage per device -- for V and interleaved cases too,
@@ -65,11 +66,16 @@ class Row:
         """Offload and recompute allowed: below 1F1B's peak, or where the case asks for them."""
         return self.case.offload if self.case.offload is not None else (self.share or 0.0) < 1.0
 
-    def problem(self) -> Problem:
-        base = problem_from_document(self.case.spec())
+    def problem(self, microbatches: int | None = None) -> Problem:
+        """The row's problem; `microbatches` rebuilds it with fewer (bench/gaps.py), all else equal."""
+        spec = self.case.spec()
+        if microbatches is not None:
+            spec["training"]["microbatches"] = microbatches
+        base = problem_from_document(spec)
         devices = [d.model_copy(update={"memory_limit_mib": lim})
                    for d, lim in zip(base.devices, self.limits_mib)]
-        options = base.options.model_copy(update={"offload": self.relaxed, "recompute": self.relaxed})
+        options = base.options.model_copy(update={"offload": self.relaxed and self.case.host_offload,
+                                                  "recompute": self.relaxed})
         return base.model_copy(update={"devices": devices, "options": options})
 
 
@@ -83,10 +89,16 @@ def one_f_one_b_peak(case: Case) -> float:
 
 
 def rows_of(case: Case, shares: tuple[float, ...] = BUDGET_SHARES) -> list[Row]:
-    """The case's rows: one per share of 1F1B's peak, or its own fixed / per-device budget."""
+    """The case's rows: one per share of 1F1B's peak (its own shares when it has them; the second half
+    of an uneven case's devices at `case.uneven` of each), or its own fixed / per-device budget."""
     peak = one_f_one_b_peak(case)
+    if case.shares is not None and shares == BUDGET_SHARES:
+        shares = case.shares
     if case.budget_gib is None:
-        return [Row(case, (peak * s,) * case.devices, s, peak) for s in shares]
+        half = case.devices // 2 if case.uneven is not None else case.devices
+        small = case.uneven if case.uneven is not None else 1.0
+        return [Row(case, (peak * s,) * half + (peak * s * small,) * (case.devices - half), s, peak)
+                for s in shares]
     gib = case.budget_gib if isinstance(case.budget_gib, list) else [case.budget_gib] * case.devices
     return [Row(case, tuple(g * GIB for g in gib), None, peak)]
 
@@ -142,6 +154,17 @@ def measure(row: Row, limits: list[float]) -> dict[str, Any]:
         "method": r.plan.method, "offloaded_mib": offloaded_mib(problem, r.plan),
         "peak_mib": max(r.plan.peak_memory_mib),
     }
+
+
+def first_plan(row: Row) -> dict[str, Any]:
+    """The row's first plan: makespan (ms, unrounded, so any change shows) and method."""
+    problem = row.problem()
+    try:
+        check_memory_feasible(problem)
+    except MemoryInfeasibleError:
+        return {}
+    plan = best_heuristic(problem)
+    return {"first_ms": plan.makespan_ms, "method": plan.method}
 
 
 def run_row(row: Row, limits: list[float]) -> dict[str, Any]:
@@ -233,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                     "rows already in it skipped")
     ap.add_argument("--jobs", type=int, default=1, help="rows at once (default 1: the solver uses the cores)")
     ap.add_argument("--list", action="store_true", help="print the row ids and exit")
+    ap.add_argument("--first", action="store_true", help="print each row's first plan (best_heuristic,"
+                    " the service's revision 1) and exit: diff two commits' output to see a change's effect")
     ap.add_argument("--condense", type=Path, default=None, metavar="TABLE",
                     help="print the condensed view (fastest fitting peer only) of a table --out wrote")
     args = ap.parse_args(argv)
@@ -243,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = list(select_rows(args.quick, args.only))
     if args.list:
         print("\n".join(r.id for r in rows))
+        return 0
+    if args.first:
+        for row in rows:
+            r = run_forked(first_plan, row, timeout_s=ROW_TIMEOUT_S)
+            print(f"{row.id}\t{r.get('first_ms', r.get('error', 'infeasible'))}\t{r.get('method', '')}", flush=True)
         return 0
     head = header(limits)
     done = done_ids(args.out, head) if args.out else set()

@@ -62,6 +62,46 @@ def test_uneven_cluster_keeps_its_per_device_budgets() -> None:
     assert row.share is None and row.relaxed
 
 
+def test_issue_37_families_are_three_feasible_budgets_each() -> None:
+    """Long context with recompute only, fine-grained MoE, two memory sizes, 16-device V with a 256k
+    vocabulary: three rows each, every one above the least memory any schedule needs."""
+    from pipeplan.planner.bounds import min_memory
+
+    for name in ("llama3.1-8b-32k-p8-rc", "qwen3-30b-a3b-p8", "mistral-nemo-12b-p8-uneven", "gemma2-9b-p16-v"):
+        rows = rows_of(find(name))
+        assert len(rows) == 3
+        for row in rows:
+            problem = row.problem()
+            assert all(n <= problem.limit_of(d) + 1e-9 for d, n in enumerate(min_memory(problem))), row.id
+    assert find("llama3.1-8b-32k-p8-rc").model["seq_len"] == 32768
+    assert find("qwen3-30b-a3b-p8").model["experts"] == 128 and find("qwen3-30b-a3b-p8").model["top_k"] == 8
+    assert find("gemma2-9b-p16-v").model["vocab"] >= 256000 and find("gemma2-9b-p16-v").devices == 16
+
+
+def test_recompute_only_rows_allow_no_offload() -> None:
+    full, seventy, half = rows_of(find("llama3.1-8b-32k-p8-rc"))
+    assert not full.problem().options.recompute and not full.problem().options.offload
+    for row in (seventy, half):
+        options = row.problem().options
+        assert options.recompute and not options.offload
+
+
+def test_uneven_family_gives_the_second_half_half_the_memory() -> None:
+    rows = rows_of(find("mistral-nemo-12b-p8-uneven"))
+    for row in rows:
+        big, small = row.limits_mib[0], row.limits_mib[-1]
+        assert row.limits_mib == (big,) * 4 + (small,) * 4 and small == pytest.approx(big / 2)
+        assert big == pytest.approx(row.share * row.reference_mib)
+    assert [r.share for r in rows] == [1.5, 1.25, 1.0]
+
+
+def test_fewer_microbatches_rebuild_the_same_problem() -> None:
+    row = rows_of(find(SMALL))[1]
+    full, small = row.problem(), row.problem(microbatches=8)
+    assert small.num_microbatches == 8 and full.num_microbatches == 32
+    assert small.stages == full.stages and small.devices == full.devices and small.options == full.options
+
+
 def test_offloaded_mib_falls_back_to_the_offload_ops() -> None:
     problem = problem_from_document(find(SMALL).spec())
     ops = [SimpleNamespace(kind="OFFLOAD", stage=2), SimpleNamespace(kind="F", stage=2),

@@ -68,10 +68,13 @@ def _footprints(problem: Problem, k: int) -> _Footprints:
 
 def occupancy_bound(problem: Problem) -> float:
     """Max over devices with a memory limit of the LP bound above (0.0 when none applies)."""
-    return max((_device_bound(problem, d) for d in problem.limited_devices()), default=0.0)
+    return max((device_bound(problem, d) for d in problem.limited_devices()), default=0.0)
 
 
-def _device_bound(problem: Problem, d: int) -> float:
+def device_bound(problem: Problem, d: int, lost: float = 0.0, span_min: float = 0.0) -> float:
+    """The LP of the module docstring for device d. `lost` (MiB·ms) is taken off the memory x time
+    budget and `span_min` (ms) floors T - t0: cool_down.py proves that once T - t0 >= span_min, the
+    warm-up and cool-down leave `lost` of it unusable."""
     cap = problem.free_mib(d)
     stages = problem.stages_of(d)
     m = float(problem.num_microbatches)
@@ -104,7 +107,8 @@ def _device_bound(problem: Problem, d: int) -> float:
             compute += m * fp.recompute_ms * y
         if len(shares) > 1:
             solver.Add(solver.Sum(shares) <= 1.0)
-    solver.Add(cap * span >= memory)
+    solver.Add(cap * span >= memory + lost)
+    solver.Add(span >= span_min)
     solver.Add(span >= work + compute)
     solver.Add(span >= d2h)
     solver.Add(span >= h2d)
