@@ -257,9 +257,11 @@ def test_embedded_worker_refines_and_cancel_stops_it(tmp_path):
         wait_for(lambda: c.get(f"/v1/plans/{key}").json()["revision"] >= 2, 15, what="an improvement")
         t0 = time.monotonic()
         c.post(f"/v1/plans/{key}/cancel")
-        job = wait_for(lambda: (j := c.get(f"/v1/plans/{key}/job").json())["state"] == "cancelled" and j, 10,
+        job = wait_for(lambda: (j := c.get(f"/v1/plans/{key}/job").json())["state"] == "cancelled" and j, 20,
                        what="cancel")
-        assert time.monotonic() - t0 < 5
+        # well before the 30-s budget ends (a run that ignored the cancel would take ~25 s more); 3-8 s
+        # seen here, SQLite writes of the API and the pool's heartbeat taking turns
+        assert time.monotonic() - t0 < 12
         # the embedded pool reports the run's end like the RQ workers: stopped, with its gap
         assert job["outcome"] == "stopped" and job["gap_pct"] > 0 and job["run_improvements"] >= 1, job
         assert job["outcome_text"].startswith("stopped after ") and f"gap {job['gap_pct']:.1f}%" in job["outcome_text"]
@@ -285,4 +287,4 @@ def test_embedded_restart_resumes_an_interrupted_job(tmp_path):
         assert job["state"] in ("queued", "solving") and job["used_s"] > 1.0
         wait_for(lambda: c.get(f"/v1/plans/{key}/job").json()["attempts"] == 2, 15, what="the re-run")
         c.post(f"/v1/plans/{key}/cancel")
-        wait_for(lambda: c.get(f"/v1/plans/{key}/job").json()["state"] == "cancelled", 10, what="cancel")
+        wait_for(lambda: c.get(f"/v1/plans/{key}/job").json()["state"] == "cancelled", 20, what="cancel")
