@@ -11,13 +11,11 @@ least memory per GPU), never a 500 or a timeout of the search.
 
 from __future__ import annotations
 
-import asyncio
-import json
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from fastapi.sse import EventSourceResponse, ServerSentEvent
+from fastapi.sse import EventSourceResponse
 from pipeplan.planner.configure_space import ConfigureRequest
 from pydantic import ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -27,8 +25,8 @@ from .admission import check_queue_share, rate_limited, stream_admitted
 from .api import KEY_RE, enqueue, refine_budget
 from .configure_store import ConfigurationStore, configuration_key, run_search
 from .deps import StateDep
+from .document_stream import document_events
 from .errors import ApiError
-from .events import ALL
 from .models import QUEUED
 from .security import require_read, require_write
 from .state import ServiceState
@@ -128,21 +126,6 @@ def _signature(doc: dict[str, Any]) -> tuple:
             summary="Server-sent events: one `ranking` event (the whole document) whenever a candidate improves",
             dependencies=[Depends(require_read), Depends(_known), Depends(stream_admitted)])
 async def configuration_events(key: str, request: Request, st: StateDep):
-    doc = await run_in_threadpool(_ranking, st, key)
-    keys = {e["problem_key"] for e in doc["scored"]}
-    with st.events.subscribe(ALL) as sub:
-        sent = _signature(doc)
-        yield ServerSentEvent(raw_data=json.dumps(doc), event="ranking")
-        while True:
-            message = await sub.get(timeout=st.settings.sse_poll_s)
-            if message is not None and message.get("key") not in keys:
-                if await request.is_disconnected():
-                    return
-                continue
-            await asyncio.sleep(0.05)  # coalesce a burst
-            doc = await run_in_threadpool(_ranking, st, key)
-            if _signature(doc) != sent:
-                sent = _signature(doc)
-                yield ServerSentEvent(raw_data=json.dumps(doc), event="ranking")
-            if await request.is_disconnected():
-                return
+    async for event in document_events(request, st, lambda: _ranking(st, key),
+                                       lambda doc: (e["problem_key"] for e in doc["scored"]), _signature, "ranking"):
+        yield event

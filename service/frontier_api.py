@@ -12,13 +12,12 @@ first answer); workers then offer each finished point's plan to the larger ones
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
-from fastapi.sse import EventSourceResponse, ServerSentEvent
+from fastapi.sse import EventSourceResponse
 from pipeplan.planner.contract import Problem
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
@@ -27,8 +26,8 @@ from . import inline
 from .admission import rate_limited, stream_admitted
 from .api import KEY_RE, enqueue, refine_budget
 from .deps import StateDep
+from .document_stream import document_events
 from .errors import ApiError
-from .events import ALL
 from .frontier_store import FrontierStore, check_size, first_points, frontier_key
 from .models import QUEUED
 from .security import require_read, require_write
@@ -189,25 +188,9 @@ async def _known_frontier(key: str, st: StateDep) -> str:
             summary="Server-sent events: one `curve` event (the whole document) whenever a point improves",
             dependencies=[Depends(require_read), Depends(_known_frontier), Depends(stream_admitted)])
 async def frontier_events(key: str, request: Request, st: StateDep):
-    doc = await run_in_threadpool(_curve, st, key)
-    keys = {p["problem_key"] for p in doc["points"]}
+    def signature(doc: dict[str, Any]) -> tuple:
+        return tuple((p["revision"], p.get("job_state")) for p in doc["points"])
 
-    def signature(d: dict[str, Any]) -> tuple:
-        return tuple((p["revision"], p.get("job_state")) for p in d["points"])
-
-    with st.events.subscribe(ALL) as sub:
-        sent = signature(doc)
-        yield ServerSentEvent(raw_data=json.dumps(doc), event="curve")
-        while True:
-            message = await sub.get(timeout=st.settings.sse_poll_s)
-            if message is not None and message.get("key") not in keys:
-                if await request.is_disconnected():
-                    return
-                continue
-            await asyncio.sleep(0.05)  # coalesce a burst (a worker propagating to several points)
-            doc = await run_in_threadpool(_curve, st, key)
-            if signature(doc) != sent:
-                sent = signature(doc)
-                yield ServerSentEvent(raw_data=json.dumps(doc), event="curve")
-            if await request.is_disconnected():
-                return
+    async for event in document_events(request, st, lambda: _curve(st, key),
+                                       lambda doc: (p["problem_key"] for p in doc["points"]), signature, "curve"):
+        yield event
