@@ -92,7 +92,6 @@ def case_problem(row_id: str) -> Problem:
 def measure_case(row_id: str, refine_s: float, limit_s: float, changes: list[str]) -> dict[str, Any]:
     """The neighbour refined, then one result per change (run in a forked child)."""
     from pipeplan.planner.solver import solve
-
     from pipeplan.service.inline import first_plan
 
     neighbour = case_problem(row_id)

@@ -670,4 +670,4 @@ _text_export("megatron.args", "Megatron-LM arguments",
              " line, shell-quoted; 409 when Megatron-LM cannot place the plan.")
 
 
-__all__ = ["router", "ApiError"]
+__all__ = ["ApiError", "router"]

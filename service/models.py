@@ -6,7 +6,7 @@ the atomic "replace if better" upsert all read or write one row, never a join.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sqlalchemy import (
     JSON,
@@ -43,13 +43,13 @@ JOB_STATES = (QUEUED, SOLVING, DONE, FAILED, CANCELLED)
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def as_utc(value: datetime | None) -> datetime | None:
     """SQLite hands back naive datetimes; everything we store is UTC."""
     if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)
+        return value.replace(tzinfo=UTC)
     return value
 
 

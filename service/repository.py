@@ -9,9 +9,10 @@ concurrent callers and the WHERE clause decides who wins. No read-then-write win
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import Any
 
 from pipeplan.planner.contract import Plan, Problem
 from pipeplan.planner.reuse import nearest, signature
@@ -535,5 +536,5 @@ def stale_cutoffs(stale_after_s: float, queued_grace_s: float = 3.0) -> tuple[da
     return now - timedelta(seconds=stale_after_s), now - timedelta(seconds=queued_grace_s)
 
 
-__all__ = ["Repository", "BestPlan", "JobInfo", "UnreadableDocument", "problem_summary", "read_back", "stale_cutoffs"]
+__all__ = ["BestPlan", "JobInfo", "Repository", "UnreadableDocument", "problem_summary", "read_back", "stale_cutoffs"]
 

@@ -12,13 +12,13 @@ from core_schedules import make_problem
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeplan.planner.baselines import best_heuristic  # noqa: E402
-from pipeplan.planner.solver.scaling import scale_for  # noqa: E402
-from pipeplan.planner.validator import validate_plan  # noqa: E402
+from pipeplan.planner.baselines import best_heuristic
+from pipeplan.planner.solver.scaling import scale_for
+from pipeplan.planner.validator import validate_plan
 
-from bench.gaps import grid_scale, markdown, measure_problem, relaxed, retimed, rows_above  # noqa: E402
-from bench.model_suite import find  # noqa: E402
-from bench.models import header, rows_of  # noqa: E402
+from bench.gaps import grid_scale, markdown, measure_problem, relaxed, retimed, rows_above
+from bench.model_suite import find
+from bench.models import header, rows_of
 
 
 def awkward():

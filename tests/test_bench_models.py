@@ -13,11 +13,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeplan.planner.baselines import NAMES, DoesNotFit, run_baseline  # noqa: E402
-from pipeplan.planner.documents import problem_from_document  # noqa: E402
+from pipeplan.planner.baselines import NAMES, DoesNotFit, run_baseline
+from pipeplan.planner.documents import problem_from_document
 
-from bench.model_suite import SUITE, find  # noqa: E402
-from bench.models import condense, header, offloaded_mib, rows_of  # noqa: E402
+from bench.model_suite import SUITE, find
+from bench.models import condense, header, offloaded_mib, rows_of
 
 SMALL = "qwen2.5-3b-p8-tied"
 

@@ -59,9 +59,8 @@ def test_pipeplan_migrate_from_another_directory(tmp_path, any_db_url):  # noqa:
 
 def test_production_refuses_unmigrated_schema(pg_url):  # noqa: F811
     app = create_app(Settings(database_url=pg_url))
-    with pytest.raises(schema.SchemaNotReady, match="pipeplan migrate"):
-        with TestClient(app):
-            pass
+    with pytest.raises(schema.SchemaNotReady, match="pipeplan migrate"), TestClient(app):
+        pass
     engine = make_engine(pg_url, 1)
     assert tables(engine) == set()  # and it did not create anything behind the operator's back
     engine.dispose()

@@ -9,14 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
+from core_schedules import make_problem
 from pipeplan.planner.baselines import run_baseline
 from pipeplan.planner.contract import Plan, Problem
 from pipeplan.planner.reuse import best_reuse, difference, distance, nearest, reuse_plan, signature
 from pipeplan.planner.solver import solve
 from pipeplan.planner.validator import validate_plan
-
-from core_schedules import make_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+from core_schedules import make_problem as core_problem
 from pipeplan.planner.contract import Plan, Problem
 from pipeplan.planner.reuse import signature
 from pipeplan.planner.validator import validate_plan
@@ -19,8 +20,6 @@ from pipeplan.service.repository import Repository
 from service_proc import Service
 from service_support import any_db_url, gpipe_plan, make_problem, migrated_engine, pg_available, pg_schema  # noqa: F401
 from sqlalchemy import text
-
-from core_schedules import make_problem as core_problem
 
 pytestmark = pytest.mark.integration
 
