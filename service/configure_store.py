@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import weakref
 from typing import Any
 
 from cachetools import LRUCache
@@ -35,19 +34,11 @@ def configuration_key(spec: dict[str, Any], request: dict[str, Any]) -> str:
     return hashlib.sha256(f"{CONFIGURATIONS_FORMAT}:{body}".encode()).hexdigest()
 
 
-_STORES: weakref.WeakKeyDictionary[Repository, ConfigurationStore] = weakref.WeakKeyDictionary()
-_STORES_LOCK = threading.Lock()
-
-
 class ConfigurationStore:
     @classmethod
     def of(cls, repo: Repository) -> ConfigurationStore:
         """The repository's one store, so its ranking cache outlives a request."""
-        with _STORES_LOCK:
-            store = _STORES.get(repo)
-            if store is None:
-                store = _STORES[repo] = cls(repo)
-            return store
+        return repo.attached(cls)
 
     def __init__(self, repo: Repository, cached: int = 256):
         self.repo = repo

@@ -13,8 +13,8 @@ import hashlib
 import json
 import logging
 import threading
-import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from cachetools import LRUCache
 from pipeplan.planner.bounds import MemoryInfeasibleError
@@ -51,19 +51,11 @@ def frontier_key(base_key: str, points: int, budgets: str = "uniform") -> str:
     return hashlib.sha256(f"{FRONTIER_FORMAT}:{base_key}:{points}{mode}".encode()).hexdigest()
 
 
-_STORES: weakref.WeakKeyDictionary[Repository, FrontierStore] = weakref.WeakKeyDictionary()
-_STORES_LOCK = threading.Lock()
-
-
 class FrontierStore:
     @classmethod
     def of(cls, repo: Repository) -> FrontierStore:
         """The repository's one store, so its curve cache outlives a request."""
-        with _STORES_LOCK:
-            store = _STORES.get(repo)
-            if store is None:
-                store = _STORES[repo] = cls(repo)
-            return store
+        return repo.attached(cls)
 
     def __init__(self, repo: Repository, cached_curves: int = 256):
         self.repo = repo

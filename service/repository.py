@@ -8,11 +8,12 @@ concurrent callers and the WHERE clause decides who wins. No read-then-write win
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from pipeplan.planner.contract import Plan, Problem
 from pipeplan.planner.reuse import nearest, signature
@@ -37,6 +38,8 @@ from .models import (
     utcnow,
 )
 from .outcomes import OPTIMAL, describe
+
+T = TypeVar("T")
 
 EPS_MS = 1e-6
 # The neighbour lookup at a cache miss reads at most NEIGHBOUR_SCAN problems of the same signature
@@ -137,6 +140,16 @@ class Repository:
 
     def __init__(self, engine: Engine | Callable[[], Engine]):
         self._engine = engine if callable(engine) and not isinstance(engine, Engine) else (lambda: engine)
+        self._attached: dict[type, Any] = {}
+        self._attached_lock = threading.Lock()
+
+    def attached(self, store: type[T]) -> T:
+        """The repository's one `store(self)` (a frontier or configuration store), so the caches it
+        keeps outlive a request."""
+        with self._attached_lock:
+            if store not in self._attached:
+                self._attached[store] = store(self)
+            return self._attached[store]
 
     @property
     def engine(self) -> Engine:
