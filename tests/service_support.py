@@ -124,10 +124,14 @@ def any_db_url(request, tmp_path):
 @pytest.fixture
 def queue_name():
     """A unique RQ queue (and pub/sub channel) name; its Redis keys are deleted afterwards."""
-    import redis
-
     name = f"pp-test-{uuid.uuid4().hex[:8]}"
     yield name
+    drop_queue(name)
+
+
+def drop_queue(name: str) -> None:
+    """Delete an RQ queue, its jobs and every Redis key that names it."""
+    import redis
     from rq import Queue
 
     client = redis.Redis.from_url(REDIS_URL)

@@ -16,9 +16,9 @@ from pipeplan.planner.documents import problem_from_document
 from pipeplan.planner.validator import validate_plan
 from pipeplan.service import create_app
 from pipeplan.service.repository import Repository
-from rq import Queue
 from service_support import (
     REDIS_URL,
+    drop_queue,
     migrated_engine,
     pg_available,
     pg_schema,
@@ -119,7 +119,4 @@ def test_two_workers_share_the_refinement_and_the_ranking_follows(tmp_path):
                 w.stop()
             server.stop()
             engine.dispose()
-            client = redis.Redis.from_url(REDIS_URL)
-            Queue(queue, connection=client).delete(delete_jobs=True)
-            for k in client.scan_iter(f"rq:*{queue}*"):
-                client.delete(k)
+            drop_queue(queue)

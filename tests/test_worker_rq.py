@@ -25,6 +25,7 @@ from pipeplan.service.repository import Repository
 from rq import Queue
 from service_support import (
     REDIS_URL,
+    drop_queue,
     hard_problem,
     make_problem,
     migrated_engine,
@@ -59,10 +60,7 @@ def deployment(tmp_path_factory):
         finally:
             server.stop()
             engine.dispose()
-            client = redis.Redis.from_url(REDIS_URL)
-            Queue(queue, connection=client).delete(delete_jobs=True)
-            for k in client.scan_iter(f"rq:*{queue}*"):
-                client.delete(k)
+            drop_queue(queue)
 
 
 def post_plan(base: str, problem: Problem, budget_s: float) -> httpx.Response:
