@@ -149,7 +149,7 @@ def fit(rounds: int = 3) -> dict[str, float]:
 # --------------------------------------------------------------------------------------------------
 def row(p: Prediction) -> str:
     r = p.run
-    role = r.calibrates or "check"
+    role = r.calibrates or ("left out" if r.left_out else "check")
     mem = f"{p.peak_gib:.0f} / {p.hbm_gib:.0f}" + ("" if p.fits else " **over**")
     if p.best is not None and p.best.tokens_per_s_per_gpu:
         gain = p.best.tokens_per_s_per_gpu / p.tokens - 1
@@ -163,6 +163,8 @@ def row(p: Prediction) -> str:
 
 
 def summary(preds: list[Prediction]) -> list[str]:
+    left_out = [p for p in preds if p.run.left_out]
+    preds = [p for p in preds if not p.run.left_out]
     checks = [p for p in preds if not p.run.calibrates]
     lines = []
     if checks:
@@ -185,6 +187,8 @@ def summary(preds: list[Prediction]) -> list[str]:
         measured, predicted = b.run.measured / a.run.measured, b.tokens / a.tokens
         lines.append(f"Schedule pair ({a.run.id} vs {b.run.id}): measured interleaved/1F1B"
                      f" {measured:.2f}, predicted {predicted:.2f} ({(predicted - measured) * 100:+.0f} points).")
+    lines += [f"Left out of the summary: {p.run.id}, {p.error:+.1%} as its table reads; {p.run.left_out}."
+              for p in left_out]
     return lines
 
 
@@ -198,7 +202,7 @@ COMPACT = ("| run | measured tok/s/GPU | predicted | error | peak GiB / HBM | ro
 def compact_row(p: Prediction) -> str:
     mem = f"{p.peak_gib:.0f} / {p.hbm_gib:.0f}" + ("" if p.fits else " **over**")
     return (f"| {p.run.id} | {p.run.measured:,.0f} | {p.tokens:,.0f} | {p.error:+.1%} | {mem} |"
-            f" {p.run.calibrates or 'check'} |")
+            f" {p.run.calibrates or ('left out' if p.run.left_out else 'check')} |")
 
 
 def main(argv: list[str] | None = None) -> int:

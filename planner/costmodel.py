@@ -403,11 +403,19 @@ def _host_floor(p: _Parts, spec: Spec, fwd: float, bi: float, bw: float) -> tupl
     tokens each expert receives to the host every pass (Megatron-Core's token dispatchers synchronise
     there unless inputs are padded to a fixed capacity), so the host cannot run ahead of the device
     across layers: each pass lasts at least the host's time to issue it, `hardware.moe_host_ms` per
-    MoE layer. The backward's floor covers B and W together (Megatron runs them in one pass)."""
+    MoE layer. The backward's floor covers B and W together (Megatron runs them in one pass).
+
+    How much of the host's time hides behind the device's follows the expert all-to-all overlap
+    (`parallel.ep_overlap`). With it (Megatron's overlap_moe_expert_parallel_comm runs one
+    microbatch's forward beside another's backward), the host issues one while the device runs the
+    other, and a pass lasts the longer of the two. Without it the synchronisation drains the
+    device's queue every pass, so the host's time adds to the device's; in between, the part of the
+    host's time the overlap does not cover adds."""
     host = p.moe_layers * spec.hardware.moe_host_ms
     if host <= 0:
         return fwd, bi
-    return max(fwd, host), max(bi + bw, host) - bw
+    exposed = (1.0 - spec.parallel_or_default.ep_overlap) * host
+    return max(fwd + exposed, host), max(bi + bw + exposed, host) - bw
 
 
 def _per_gpu_memory(p: _Parts, spec: Spec, layout: Layout) -> tuple[float, float]:

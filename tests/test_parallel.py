@@ -255,10 +255,10 @@ SMALL_MOE = {"layers": 2, "hidden": 1024, "heads": 8, "vocab": 1000, "seq_len": 
              "top_k": 4, "moe_ffn": 512}
 
 
-def moe_layer(precision: str, host_ms: float = 0.0):
+def moe_layer(precision: str, host_ms: float = 0.0, ep_overlap: float = 1.0):
     doc = {"model": SMALL_MOE, "precision": precision,
            "hardware": {"preset": "H100-80GB", "moe_host_ms": host_ms},
-           "training": {"devices": 1, "microbatches": 2}, "parallel": {"tp": 1}}
+           "training": {"devices": 1, "microbatches": 2}, "parallel": {"tp": 1, "ep_overlap": ep_overlap}}
     return next(c for c in layer_costs(Spec.model_validate(doc)) if c.type == "moe")
 
 
@@ -283,10 +283,26 @@ def test_routed_copies_move_their_permutation_activation_and_casts_through_hbm(p
     assert layer.backward_weight_ms == pytest.approx(matmul, rel=1e-9)
 
 
+def test_without_expert_overlap_the_hosts_time_adds_to_each_moe_pass():
+    """No all-to-all overlap: the dispatcher's synchronisation drains the device's queue, so the host's
+    time adds to F and to B + W; half an overlap leaves half of it, and the floor still holds."""
+    free = moe_layer("fp8", ep_overlap=0.0)
+    layer = moe_layer("fp8", host_ms=5.0, ep_overlap=0.0)
+    assert layer.forward_ms == pytest.approx(free.forward_ms + 5.0)
+    assert layer.backward_input_ms == pytest.approx(free.backward_input_ms + 5.0)
+    assert layer.backward_weight_ms == free.backward_weight_ms
+    half, host = moe_layer("fp8", ep_overlap=0.5), 2 * free.forward_ms  # the floor above F + half of it
+    layer = moe_layer("fp8", host_ms=host, ep_overlap=0.5)
+    assert layer.forward_ms == pytest.approx(half.forward_ms + host / 2)
+    layer = moe_layer("fp8", host_ms=5.0, ep_overlap=0.5)
+    assert layer.forward_ms == pytest.approx(max(half.forward_ms + 2.5, 5.0))
+    assert moe_layer("fp8", host_ms=0.0, ep_overlap=0.0).forward_ms == free.forward_ms
+
+
 def test_a_moe_pass_lasts_at_least_the_hosts_time_to_issue_it():
-    """hardware.moe_host_ms is a floor per MoE layer and pass: F, and B + W together (one backward in
-    Megatron); a pass the device makes longer keeps its time; dense layers and the original estimate
-    (no precision) never get one."""
+    """With the all-to-all overlapped, hardware.moe_host_ms is a floor per MoE layer and pass: F, and
+    B + W together (one backward in Megatron); a pass the device makes longer keeps its time; dense
+    layers and the original estimate (no precision) never get one."""
     free = moe_layer("fp8")
     assert free.forward_ms < 1.0 and free.backward_input_ms + free.backward_weight_ms < 2.0
     bound = moe_layer("fp8", host_ms=5.0)
