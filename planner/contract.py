@@ -415,6 +415,9 @@ class Plan(BaseModel):
     iteration_ms: float | None = Field(
         default=None, description="The pipeline plus what follows it: each stage's gradient reduction"
         " after its last weight gradient, then each device's optimizer step.")
+    iteration_bound_ms: float | None = Field(
+        default=None, description="A proven lower bound of iteration_ms: lower_bound_ms plus the least"
+        " time any plan's iteration lasts beyond its makespan (planner.iteration.tail_floor).")
     tokens_per_s_per_gpu: float | None = Field(
         default=None, description="Workload tokens per second of iteration_ms, per GPU.")
     mfu: float | None = Field(

@@ -8,8 +8,9 @@ finish; the device's optimizer step follows its last reduction (and its last op)
 ends when the last optimizer step does. A schedule that finishes a stage's weight gradients early
 hides that stage's reduction behind later compute; one that pushes every W to the end exposes it.
 
-This is the rule the simulator times plans by and the validator checks them against; the lower
-bounds and the solvers' objective can use `iteration_end` with their own per-stage ready times.
+This is the rule the simulator times plans by and the validator checks them against. The solvers
+minimise the makespan first and the iteration second (docs/decisions.md), and `iteration_bound`
+turns a proven makespan bound into a proven iteration bound.
 """
 
 from __future__ import annotations
@@ -32,6 +33,29 @@ def iteration_end(problem: Problem, stage_ready: list[float], device_done: list[
                 lane = max(lane, stage_ready[k]) + reduce
         end = max(end, max(lane, device_done[d]) + problem.optimizer_of(d))
     return end
+
+
+def has_tail(problem: Problem) -> bool:
+    """Does anything follow the pipeline (a gradient reduction or an optimizer step)?"""
+    return (any(problem.reduce_of(k) > 0 for k in range(problem.num_stages))
+            or any(problem.optimizer_of(d) > 0 for d in range(problem.num_devices)))
+
+
+def tail_floor(problem: Problem) -> float:
+    """The least time any plan's iteration lasts beyond its makespan.
+
+    Proof: every B is followed by its W (or is a BW) on the same device, so a device's last compute
+    op is the last weight gradient of one of its stages k; that stage's reduction starts no earlier
+    and the device's optimizer step follows it. The device whose last op ends the makespan therefore
+    ends its optimizer step at least `reduce_of(k) + optimizer_of(d)` later, and no less than the
+    smallest such sum over devices (a device without stages adds its optimizer step alone)."""
+    return min((min((problem.reduce_of(k) for k in problem.stages_of(d)), default=0.0)
+                + problem.optimizer_of(d)) for d in range(problem.num_devices))
+
+
+def iteration_bound(problem: Problem, makespan_bound: float) -> float:
+    """A proven lower bound of the iteration, from a proven lower bound of the makespan."""
+    return makespan_bound + tail_floor(problem)
 
 
 def iteration_ms(problem: Problem, ops: Iterable[tuple[int, Kind, int, float, float]]) -> float:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from .bounds import lower_bound
 from .contract import DevicePlan, Plan, PlanOp, Problem
-from .iteration import iteration_ms, throughput
+from .iteration import iteration_bound, iteration_ms, throughput
 from .memory import TimedOp, host_memory, offloaded_mib, order_peak, peak_memory, recompute_ms
 from .ops import (
     COMPUTE_KINDS,
@@ -203,11 +203,12 @@ def build_plan(problem: Problem, schedule: Schedule, timing: Timing, method: str
     iteration = iteration_ms(problem, ((problem.stages[op.stage].device, op.kind, op.stage, s, e)
                                        for op, (s, e) in timing.times.items()))
     tokens, mfu = throughput(problem, iteration)
+    bound = min(lower_bound(problem), makespan)
     return Plan(
         problem_key=problem_key or problem.key(),
         status=status,
         makespan_ms=makespan,
-        lower_bound_ms=min(lower_bound(problem), makespan),
+        lower_bound_ms=bound,
         bubble_ratio=1.0 - busy / (problem.num_devices * makespan) if makespan > 0 else 0.0,
         peak_memory_mib=peaks,
         method=method,
@@ -217,6 +218,7 @@ def build_plan(problem: Problem, schedule: Schedule, timing: Timing, method: str
         recompute_ms=recompute_ms(problem, timing.choices),
         host_memory_mib=host,
         iteration_ms=iteration,
+        iteration_bound_ms=min(iteration_bound(problem, bound), iteration),
         tokens_per_s_per_gpu=tokens,
         mfu=mfu,
     )

@@ -155,6 +155,9 @@ def _iteration_violations(problem: Problem, plan: Plan, valid: list[tuple[int, T
             out.append(f"{name} is {said:.6g} but the problem has no workload to measure it by")
         elif not close(said, actual):
             out.append(f"{name} is {said:.6g}; the ops give {actual:.6g}")
+    said = plan.iteration_bound_ms
+    if said is not None and said > iteration and not close(said, iteration):
+        out.append(f"iteration_bound_ms {said:.6g} exceeds the iteration {iteration:.6g}")
     return out
 
 

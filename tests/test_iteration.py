@@ -5,12 +5,14 @@ reported by every plan made from a spec (a peer's too)."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from pipeplan.planner.baselines import run_baseline
 from pipeplan.planner.contract import Device, Problem, Stage, Workload
 from pipeplan.planner.documents import problem_from_document
-from pipeplan.planner.iteration import iteration_end
+from pipeplan.planner.iteration import iteration_end, tail_floor
+from pipeplan.planner.solver.api import solve
 from pipeplan.planner.validator import validate_plan
 from typer.testing import CliRunner
 
@@ -100,3 +102,43 @@ def test_a_peer_plan_from_a_spec_reports_the_iteration(tmp_path):
     assert plan["tokens_per_s_per_gpu"] == pytest.approx(
         problem.workload.tokens / (plan["iteration_ms"] / 1e3) / 32)
     assert 0 < plan["mfu"] < 1
+
+
+def loop_with_reductions(reduce: list[float], microbatches: int = 3) -> Problem:
+    """2 devices, stages 0..3 looped over them (device 0 holds 0 and 2), F = B = W = 1."""
+    stages = [Stage(device=k % 2, forward_ms=1, backward_input_ms=1, backward_weight_ms=1, activation_mib=1,
+                    reduce_ms=reduce[k]) for k in range(4)]
+    return Problem(num_devices=2, num_microbatches=microbatches, stages=stages,
+                   devices=[Device(optimizer_ms=0.5), Device(optimizer_ms=0.5)])
+
+
+def test_the_solver_hides_a_stages_reduction_behind_later_compute():
+    """Makespan first, iteration second: stages 2 and 3 reduce for 6 ms each. The greedy seed already
+    meets the makespan's bound (19 ms) but leaves both reductions after the pipeline (25.5 ms); CP-SAT
+    finishes their weight gradients early, so they run beside stages 0 and 1's last work, and proves
+    the result optimal. A solver that stopped at the makespan's bound returns the seed."""
+    problem = loop_with_reductions([1.0, 1.0, 6.0, 6.0])
+    seed = run_baseline(problem, "greedy")
+    assert (seed.makespan_ms, seed.iteration_ms) == (19.0, 25.5)
+    result = solve(problem, 20, engine="cpsat", workers=1, deterministic=True)
+    assert result.plan.makespan_ms == pytest.approx(19.0)
+    assert result.plan.iteration_ms == pytest.approx(21.5)
+    assert result.status == "optimal" and validate_plan(problem, result.plan) == []
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_no_plan_beats_the_iteration_bound(seed):
+    """iteration_bound (makespan bound + the least tail any plan has) under every peer's and the
+    solver's plan of random looped problems with reductions and optimizer steps."""
+    rng = random.Random(seed)
+    problem = loop_with_reductions([rng.choice([0.0, 0.5, 3.0, 8.0]) for _ in range(4)], rng.randint(2, 4))
+    plans = [run_baseline(problem, name) for name in ("gpipe", "interleaved-1f1b", "greedy")]
+    plans.append(solve(problem, 3, engine="cpsat", workers=1, deterministic=True).plan)
+    floor = tail_floor(problem)
+    assert floor == min(min(problem.reduce_of(k) for k in (d, d + 2)) + 0.5 for d in range(2))
+    for plan in plans:
+        assert plan.iteration_bound_ms <= plan.iteration_ms + 1e-9
+        assert plan.iteration_ms >= plan.makespan_ms + floor - 1e-9
+        assert validate_plan(problem, plan) == []
+    lying = plans[0].model_copy(update={"iteration_bound_ms": plans[0].iteration_ms + 1})
+    assert any("iteration_bound_ms" in v for v in validate_plan(problem, lying))

@@ -14,7 +14,7 @@ from ..bounds import ALL, QUICK, check_memory_feasible, known, lower_bound
 from ..contract import Plan, Problem
 from ..simulator import build_plan, schedule_from_plan, simulate
 from ..validator import validate_plan
-from .incumbent import EPS_MS, Incumbent
+from .incumbent import Incumbent
 from .scaling import scale_for
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
         return stop is not None and stop.is_set()
 
     def proven() -> bool:
-        return inc.plan is not None and inc.makespan <= max(lb, memory_lb) + EPS_MS
+        return inc.plan is not None and inc.meets(max(lb, memory_lb))
 
     def in_budget(margin_s: float = 0.0) -> bool:
         """Wall-clock time left. A deterministic solve ignores the wall clock (its CP-SAT budget is
@@ -229,7 +229,7 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
         raise RuntimeError("no valid plan was found (no heuristic seed and the solver found none)")
     best = inc.plan
     bound = max(lb, solver_bound or 0.0)
-    optimal = engine_proved or best.makespan_ms <= bound + EPS_MS
+    optimal = engine_proved or inc.meets(bound)
     final = best.model_copy(update={
         "status": "optimal" if optimal else "feasible",
         "solver_bound_ms": min(solver_bound, best.makespan_ms) if solver_bound is not None else best.solver_bound_ms,

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class RunOutcome:
     status: str  # CP-SAT status name
-    bound_ticks: float | None  # the model's proven objective bound (ticks), when meaningful
+    bound_ticks: float | None  # the makespan bound (ticks) the model's objective bound proves, when meaningful
     hint_ok: bool | None  # did the model accept the complete hint (checked only when asked)
     wall_s: float
     solution: tuple | None = None  # (starts, choices) of the last solution, in ticks
@@ -47,11 +47,11 @@ class _Callback(cp_model.CpSolverSolutionCallback):
             starts, choices = self.built.read(self.value, self.boolean_value)
             bound = None
             if self.prove and self.scale.time_exact:
-                bound = self.best_objective_bound / self.scale.time_scale
+                bound = self.built.makespan_bound(self.best_objective_bound) / self.scale.time_scale
                 self.inc.raise_bound(bound)
             plan = plan_from_ticks(self.built.p, starts, choices, self.scale, self.method, self.inc.key, bound)
             self.inc.offer(plan, (starts, choices))
-            if self.inc.makespan <= self.target_ms + 1e-6:
+            if self.inc.meets(self.target_ms):
                 self.stop_search()  # the incumbent meets the lower bound: nothing left to find
         except Exception:
             self.errors += 1
@@ -149,7 +149,7 @@ def run(problem: Problem, inc: Incumbent, scale: Scale, seconds: float, stop: th
             watcher.join(timeout=1.0)
     bound = None
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and prove:
-        bound = solver.best_objective_bound
+        bound = built.makespan_bound(solver.best_objective_bound)
         if scale.time_exact:
             inc.raise_bound(bound / scale.time_scale)
     solution = None

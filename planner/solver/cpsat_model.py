@@ -11,6 +11,11 @@ into tens of thousands of Booleans): the activation held by (k, i) is cut into p
 non-negative amount held from one op's start to another's end, with one set of pieces per mode
 (plain, offloaded, recomputed) made optional on that mode's literal. The pieces sum exactly to the
 contract's memory deltas (see `_pieces`).
+
+When something follows the pipeline (planner.iteration: each stage's gradient reduction after its
+last W, on its device's reduce lane, then the device's optimizer step), the objective is the makespan
+first and the iteration second: among plans of one makespan, the one whose stages finish their
+weight gradients in time for their reductions to hide behind later compute wins (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from itertools import pairwise
 from ortools.sat.python import cp_model
 
 from ..contract import Problem
+from ..iteration import has_tail
 from ..ops import Choice, Kind, Op
 from .scaling import Scale
 
@@ -129,11 +135,54 @@ class CpsatModel:
         for (k, _), pv in self.v.items():
             last, length = (pv.w, self.dW[k]) if self.split else (pv.b, self.dB[k])
             self._precede(last, length, self.makespan)
+        self.dRed = [t(problem.reduce_of(k)) for k in range(S)]
+        self.dOpt = [t(problem.optimizer_of(d)) for d in range(problem.num_devices)]
+        self.iteration = self._tail() if has_tail(problem) and not options.compress else None
+        self.weight = 1  # the makespan's coefficient in the objective
         if options.compress:
             starts = [pv.b for pv in self.v.values()] + ([pv.w for pv in self.v.values()] if self.split else [])
-            m.minimize(self.makespan * (len(starts) * horizon + 1) + sum(starts))
+            self.weight = len(starts) * horizon + 1
+            m.minimize(self.makespan * self.weight + sum(starts))
+        elif self.iteration is not None:
+            self.weight = horizon + max(self.dRed, default=0) * S + max(self.dOpt) + 1
+            m.minimize(self.makespan * self.weight + self.iteration)
         else:
             m.minimize(self.makespan)
+
+    def makespan_bound(self, objective_bound: float) -> int:
+        """The makespan bound (ticks) that a proven objective bound implies."""
+        return int(objective_bound // self.weight)
+
+    def _tail(self) -> cp_model.IntVar:
+        """The iteration's end: per stage, its reduction (an interval on the device's reduce lane)
+        after its last W; per device, the optimizer step after its last op and its last reduction."""
+        m, p = self.model, self.p
+        top = self.h + sum(self.dRed) + max(self.dOpt)
+        self.ready: dict[int, cp_model.IntVar] = {}
+        self.reduce_at: dict[int, cp_model.IntVar] = {}
+        self.done = [m.new_int_var(0, self.h, f"done{d}") for d in range(p.num_devices)]
+        iteration = m.new_int_var(0, top, "iteration")
+        lanes: dict[int, list] = {}
+        for k in range(p.num_stages):
+            d = p.stages[k].device
+            ready = m.new_int_var(0, self.h, f"ready{k}")
+            for i in range(p.num_microbatches):
+                pv = self.v[(k, i)]
+                last, length = (pv.w, self.dW[k]) if self.split else (pv.b, self.dB[k])
+                m.add(ready >= last + length)
+            m.add(self.done[d] >= ready)
+            self.ready[k] = ready
+            if self.dRed[k] > 0:
+                at = m.new_int_var(0, top, f"reduce{k}")
+                m.add(at >= ready)
+                lanes.setdefault(d, []).append(m.new_fixed_size_interval_var(at, self.dRed[k], f"R{k}"))
+                m.add(iteration >= at + self.dRed[k] + self.dOpt[d])
+                self.reduce_at[k] = at
+        for d in range(p.num_devices):
+            m.add(iteration >= self.done[d] + self.dOpt[d])
+        for ivs in lanes.values():
+            m.add_no_overlap(ivs)
+        return iteration
 
     # -- construction ------------------------------------------------------------------------------
     def _precede(self, before: cp_model.IntVar, lag: int, after: cp_model.IntVar) -> None:
@@ -294,7 +343,28 @@ class CpsatModel:
                 vals[size] = max(0, _eval(end, vals) - _eval(start, vals))
         vals[self.makespan] = max(vals[pv.w] + self.dW[k] if self.split else vals[pv.b] + self.dB[k]
                                   for (k, _), pv in self.v.items())
+        if self.iteration is not None:
+            self._tail_values(vals)
         return vals
+
+    def _tail_values(self, vals: dict) -> None:
+        """The tail's variables for given op starts: reductions in the order their stages get ready
+        (the earliest end of one lane's jobs with release times), as planner.iteration times them."""
+        p, end = self.p, 0
+        for k, ready in self.ready.items():
+            vals[ready] = max(vals[pv.w] + self.dW[k] if self.split else vals[pv.b] + self.dB[k]
+                              for pv in (self.v[(k, i)] for i in range(p.num_microbatches)))
+        for d in range(p.num_devices):
+            stages = sorted(p.stages_of(d), key=lambda k: (vals[self.ready[k]], k))
+            vals[self.done[d]] = max((vals[self.ready[k]] for k in stages), default=0)
+            lane = 0
+            for k in stages:
+                if k in self.reduce_at:
+                    vals[self.reduce_at[k]] = max(lane, vals[self.ready[k]])
+                    lane = vals[self.reduce_at[k]] + self.dRed[k]
+                    end = max(end, lane + self.dOpt[d])
+            end = max(end, vals[self.done[d]] + self.dOpt[d])
+        vals[self.iteration] = end
 
     def hint(self, vals: dict) -> None:
         self.model.clear_hints()

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from ..bounds import ALL, lower_bound
 from ..contract import Plan, Problem
+from ..iteration import iteration_bound
 from ..transfers import prune_plan, transfer_cost
 from ..validator import validate_plan
 
@@ -49,6 +50,16 @@ class Incumbent:
     def makespan(self) -> float:
         return self.plan.makespan_ms if self.plan else float("inf")
 
+    @property
+    def iteration(self) -> float:
+        return _iteration(self.plan) if self.plan else float("inf")
+
+    def meets(self, makespan_bound: float) -> bool:
+        """Is the incumbent proven optimal by `makespan_bound`: its makespan meets it, and its
+        iteration meets the iteration bound it implies (planner.iteration.iteration_bound)?"""
+        return (self.makespan <= makespan_bound + EPS_MS
+                and self.iteration <= iteration_bound(self.problem, makespan_bound) + EPS_MS)
+
     def raise_bound(self, bound_ms: float) -> None:
         with self._lock:
             self.solver_bound = max(self.solver_bound or 0.0, bound_ms)
@@ -61,8 +72,10 @@ class Incumbent:
     def offer(self, plan: Plan | None, ticks=None) -> bool:
         """Take `plan` if it is valid and better; tell the caller. Never raises.
 
-        Better is lexicographic: faster by EPS_MS, else as fast and offloading fewer MiB, then
-        recomputing less (a host copy is never free: docs/transfers.md). A plan that offloads or
+        Better is lexicographic: a shorter makespan by EPS_MS, else as short and a shorter iteration
+        (the gradient reductions and optimizer steps after the pipeline, planner.iteration), else
+        both as short and offloading fewer MiB, then recomputing less (a host copy is never free:
+        docs/transfers.md). A plan that offloads or
         recomputes is first stripped of the treatments its memory does not need (transfers.prune_plan,
         times kept, so the makespan is unchanged; then `ticks` no longer match and are dropped).
         The callback runs under the lock so that the caller sees plans in improving order even when a
@@ -79,7 +92,7 @@ class Incumbent:
                 thin = plan
             if thin is not plan:
                 plan, ticks = thin, None
-            if plan.makespan_ms >= self.makespan - EPS_MS and transfer_cost(plan) >= transfer_cost(self.plan):
+            if plan.makespan_ms >= self.makespan - EPS_MS and not _shorter_tail(plan, self.plan):
                 return False
             if self.solver_bound is not None and (plan.solver_bound_ms or 0.0) < self.solver_bound:
                 plan = plan.model_copy(update={"solver_bound_ms": min(self.solver_bound, plan.makespan_ms)})
@@ -101,3 +114,16 @@ class Incumbent:
                     self.callback_errors += 1
                     log.exception("on_improvement callback raised; solving continues")
         return True
+
+
+def _iteration(plan: Plan) -> float:
+    return plan.iteration_ms if plan.iteration_ms is not None else plan.makespan_ms
+
+
+def _shorter_tail(plan: Plan, than: Plan | None) -> bool:
+    """Of two plans of one makespan: a shorter iteration, else as short and fewer transfers."""
+    if than is None:
+        return True
+    if abs(_iteration(plan) - _iteration(than)) > EPS_MS:
+        return _iteration(plan) < _iteration(than)
+    return transfer_cost(plan) < transfer_cost(than)
