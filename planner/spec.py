@@ -210,7 +210,8 @@ class Hardware(BaseModel):
         " the dense matmul rate (grouped GEMMs)")
     moe_host_ms: float = Field(
         default=0.0, ge=0, description="calibrated estimate: host (CPU) time to issue one pass (forward, or"
-        " backward) of a MoE layer; the pass lasts at least this long (0: never host-bound)")
+        " backward) of a MoE layer; the pass lasts at least this long, and without parallel.ep_overlap"
+        " it adds to the pass (0: never host-bound)")
     hbm_gib: float = Field(gt=0)
     hbm_gbps: float = Field(default=2000.0, gt=0, description="HBM bandwidth, GB/s")
     host_link_gbps: float = Field(gt=0, description="device<->host copy bandwidth per direction, GB/s")
