@@ -58,15 +58,17 @@ def grid_scale(problem: Problem) -> int:
 def relaxed(problem: Problem, ticks_per_ms: int) -> Problem:
     """Durations rounded down to 1/ticks_per_ms, memory down to whole MiB, limits up: every plan of
     `problem` fits this one (shorter ops end no later, smaller amounts fit the same limits), so its
-    proven optimum is at most `problem`'s."""
+    proven optimum is at most `problem`'s. The gradient reductions and optimizer steps after the
+    pipeline are dropped: what is proven is the makespan, and with them the solver would also have to
+    prove the best iteration among plans of that makespan (planner.solver, makespan first)."""
     def down(ms: float | None) -> float | None:
         return None if ms is None else math.floor(ms * ticks_per_ms + 1e-9) / ticks_per_ms
 
-    stages = [s.model_copy(update={**{f: down(getattr(s, f)) for f in TIME_FIELDS},
+    stages = [s.model_copy(update={"reduce_ms": None, **{f: down(getattr(s, f)) for f in TIME_FIELDS},
                                    **{f: float(math.floor(getattr(s, f) + 1e-9)) for f in MEMORY_FIELDS
                                       if getattr(s, f) is not None}}) for s in problem.stages]
     devices = [d.model_copy(update={
-        "static_mib": float(math.floor(d.static_mib + 1e-9)),
+        "optimizer_ms": None, "static_mib": float(math.floor(d.static_mib + 1e-9)),
         "memory_limit_mib": None if d.memory_limit_mib is None else float(math.ceil(d.memory_limit_mib - 1e-9)),
         "host_memory_limit_mib": None if d.host_memory_limit_mib is None
         else float(math.ceil(d.host_memory_limit_mib - 1e-9))}) for d in problem.devices]
