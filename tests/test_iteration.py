@@ -13,6 +13,8 @@ from pipeplan.planner.contract import Device, Problem, Stage, Workload
 from pipeplan.planner.documents import problem_from_document
 from pipeplan.planner.iteration import iteration_end, tail_floor
 from pipeplan.planner.solver.api import solve
+from pipeplan.planner.solver.cpsat_model import CpsatModel
+from pipeplan.planner.solver.scaling import scale_for
 from pipeplan.planner.validator import validate_plan
 from typer.testing import CliRunner
 
@@ -142,3 +144,15 @@ def test_no_plan_beats_the_iteration_bound(seed):
         assert validate_plan(problem, plan) == []
     lying = plans[0].model_copy(update={"iteration_bound_ms": plans[0].iteration_ms + 1})
     assert any("iteration_bound_ms" in v for v in validate_plan(problem, lying))
+
+
+def test_one_tick_of_makespan_outweighs_any_iteration():
+    """The model's objective is makespan x weight + iteration with a weight above any iteration it
+    allows, so the makespan comes first, and an objective bound divides back into a makespan bound."""
+    problem = loop_with_reductions([1.0, 1.0, 6.0, 6.0])
+    scale = scale_for(problem)
+    built = CpsatModel(problem, scale, horizon=10_000)
+    latest = 10_000 + sum(scale.t(problem.reduce_of(k)) for k in range(4)) + scale.t(0.5)
+    assert built.weight > latest
+    assert built.makespan_bound(built.weight * 19 + latest) == 19
+    assert CpsatModel(two_stage(None), scale, horizon=100).weight == 1  # no tail: the makespan alone

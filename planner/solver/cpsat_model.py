@@ -137,14 +137,15 @@ class CpsatModel:
             self._precede(last, length, self.makespan)
         self.dRed = [t(problem.reduce_of(k)) for k in range(S)]
         self.dOpt = [t(problem.optimizer_of(d)) for d in range(problem.num_devices)]
-        self.iteration = self._tail() if has_tail(problem) and not options.compress else None
+        latest = horizon + sum(self.dRed) + max(self.dOpt)  # no iteration ends later
+        self.iteration = self._tail(latest) if has_tail(problem) and not options.compress else None
         self.weight = 1  # the makespan's coefficient in the objective
         if options.compress:
             starts = [pv.b for pv in self.v.values()] + ([pv.w for pv in self.v.values()] if self.split else [])
             self.weight = len(starts) * horizon + 1
             m.minimize(self.makespan * self.weight + sum(starts))
-        elif self.iteration is not None:
-            self.weight = horizon + max(self.dRed, default=0) * S + max(self.dOpt) + 1
+        elif self.iteration is not None:  # lexicographic: one tick of makespan outweighs any iteration
+            self.weight = latest + 1
             m.minimize(self.makespan * self.weight + self.iteration)
         else:
             m.minimize(self.makespan)
@@ -153,11 +154,10 @@ class CpsatModel:
         """The makespan bound (ticks) that a proven objective bound implies."""
         return int(objective_bound // self.weight)
 
-    def _tail(self) -> cp_model.IntVar:
+    def _tail(self, top: int) -> cp_model.IntVar:
         """The iteration's end: per stage, its reduction (an interval on the device's reduce lane)
         after its last W; per device, the optimizer step after its last op and its last reduction."""
         m, p = self.model, self.p
-        top = self.h + sum(self.dRed) + max(self.dOpt)
         self.ready: dict[int, cp_model.IntVar] = {}
         self.reduce_at: dict[int, cp_model.IntVar] = {}
         self.done = [m.new_int_var(0, self.h, f"done{d}") for d in range(p.num_devices)]

@@ -75,9 +75,9 @@ class Incumbent:
         Better is lexicographic: a shorter makespan by EPS_MS, else as short and a shorter iteration
         (the gradient reductions and optimizer steps after the pipeline, planner.iteration), else
         both as short and offloading fewer MiB, then recomputing less (a host copy is never free:
-        docs/transfers.md). A plan that offloads or
-        recomputes is first stripped of the treatments its memory does not need (transfers.prune_plan,
-        times kept, so the makespan is unchanged; then `ticks` no longer match and are dropped).
+        docs/transfers.md). A plan that offloads or recomputes is first stripped of the treatments
+        its memory does not need (transfers.prune_plan, times kept, so the makespan is unchanged;
+        then `ticks` no longer match and are dropped).
         The callback runs under the lock so that the caller sees plans in improving order even when a
         seeding thread and a solver offer at once."""
         if plan is None:
