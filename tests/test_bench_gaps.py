@@ -57,8 +57,12 @@ def test_the_table_splits_a_gap_into_the_plans_and_the_bounds_shares():
          "high": 108.0, "exact_s": 3.0, "scale": 1000}
     line = markdown(row, 8, r)
     assert line.startswith("| qwen2.5-3b-p8-tied@50% | 8 | 100.0 | 110.0 | 105.0 | 108.0 | 10.0% | 4.8% | 5.0% |")
+    assert line.endswith("| no |")
+    # unproven: the plan's share is still bounded by the best proof (here CP-SAT's 101 over the bound's 100)
     open_ = markdown(row, 8, r | {"low": None, "low_bound": 101.0})
-    assert "(not proven; ≥ 101.0)" in open_ and "| - | - |" in open_
+    assert "(not proven; ≥ 101.0)" in open_ and "| 8.9% | - |" in open_
+    close = markdown(row, 8, r | {"ours": 101.5, "low": None, "low_bound": None})
+    assert "| 1.5% | - |" in close and close.endswith("| yes |")
 
 
 def test_rows_above_a_gap_are_read_from_a_models_table(tmp_path):
