@@ -61,6 +61,7 @@ class ModelOptions:
     offload: bool = True
     recompute: bool = True
     compress: bool = False  # secondary objective: every start as early as possible (LNS only)
+    tail: bool = True  # secondary objective: the iteration, when something follows the pipeline
 
 
 class CpsatModel:
@@ -138,7 +139,8 @@ class CpsatModel:
         self.dRed = [t(problem.reduce_of(k)) for k in range(S)]
         self.dOpt = [t(problem.optimizer_of(d)) for d in range(problem.num_devices)]
         latest = horizon + sum(self.dRed) + max(self.dOpt)  # no iteration ends later
-        self.iteration = self._tail(latest) if has_tail(problem) and not options.compress else None
+        self.iteration = (self._tail(latest) if options.tail and has_tail(problem) and not options.compress
+                          else None)
         self.weight = 1  # the makespan's coefficient in the objective
         if options.compress:
             starts = [pv.b for pv in self.v.values()] + ([pv.w for pv in self.v.values()] if self.split else [])
