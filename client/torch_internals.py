@@ -11,7 +11,11 @@ receives, or to keep losses per microbatch, so pipeplan's runtime (`client.torch
 - the module functions `_batch_p2p` / `_wait_batch_p2p` through which every schedule sends and
   receives (`p2p_hooks`);
 - a stage's `forward_one_chunk`, `backward_one_chunk`, `backward_weight_one_chunk` and
-  `get_{fwd,bwd}_{send,recv}_ops` (not underscored, but undocumented), which the executor wraps.
+  `get_{fwd,bwd}_{send,recv}_ops` (not underscored, but undocumented), which the executor wraps;
+- for one rank run alone (`client.emulated_neighbours`): a stage's `group_rank` / `group_size`, and,
+  where the torch has them, `_warmup_forward_vote` / `_warmup_backward_result` (the neighbours' vote
+  on static vs inferred shapes, which talks to them directly), replaced per stage
+  (`assume_static_neighbours`); a torch without the vote has nothing to replace.
 
 Private names change between releases: importing this module checks every one of them and raises
 one ImportError naming what is missing, with the versions pipeplan was tested with; a torch outside
@@ -123,6 +127,17 @@ class KeyedLossRuntime(ScheduleRuntime):
         return self._pipeplan_losses
 
 
+def assume_static_neighbours(stage: Any, rank: int, world: int) -> None:
+    """Make `stage` (built in a one-process group) rank `rank` of `world`, whose neighbours all
+    vote for the static shapes it was given: nothing is asked of ranks that are not there."""
+    stage.group_rank, stage.group_size = rank, world
+    if hasattr(stage, "_warmup_forward_vote"):  # torch's warm-up vote: every neighbour says "static"
+        def static(*args: Any, **kwargs: Any) -> torch.Tensor:
+            return torch.ones(1, dtype=torch.int32, device=stage.device)
+        stage._warmup_forward_vote = static
+        stage._warmup_backward_result = static
+
+
 # -- sends and receives ------------------------------------------------------------------------------
 BatchHook = Callable[[Callable[..., Any], list, Any], Any]  # (torch's _batch_p2p, p2p_ops, desc) -> works
 WaitHook = Callable[[Callable[[Any], None], Any], None]  # (torch's _wait_batch_p2p, works)
@@ -165,5 +180,5 @@ def p2p_hooks(batch: BatchHook, wait: WaitHook) -> Iterator[None]:
         _local.hooks = outer
 
 
-__all__ = ["TESTED", "Action", "KeyedLossRuntime", "ScheduleRuntime", "load_csv_text", "p2p_hooks",
-           "parse_torch_csv"]
+__all__ = ["TESTED", "Action", "KeyedLossRuntime", "ScheduleRuntime", "assume_static_neighbours",
+           "load_csv_text", "p2p_hooks", "parse_torch_csv"]

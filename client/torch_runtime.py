@@ -34,7 +34,8 @@ and the mismatch is visible.
 With `trace=True` every op's measured start and end (and the pipeline's sends/receives and memory
 high-water marks, `client.tracing`) is recorded; `PlannedSchedule.collect_trace()` gathers a
 `pipeplan.trace/v1` document on rank 0. With an `Emulation` (`client.emulation`, CPU only) ops take
-the durations a problem gives them.
+the durations a problem gives them. With `neighbours` (`client.emulated_neighbours`) the sends and
+receives never reach torch.distributed: one rank runs alone, its receives arriving when planned.
 """
 
 from __future__ import annotations
@@ -195,11 +196,13 @@ class PlanExecutor:
 
     `emulation` (CPU only) pads every op to the duration it gives; `trace` records every op's
     measured start, end and memory (see `client.tracing`). `synchronous_copies` runs the copies
-    inline on the compute thread (CPU), the old behaviour, to measure what overlap saves.
+    inline, in compute's order (CPU: on the compute thread; CUDA: on the compute stream), the old
+    behaviour, to measure what overlap saves. `neighbours` (`client.emulated_neighbours`) stands in
+    for the other ranks' sends and receives.
     """
 
     def __init__(self, stages: list, rank: int, *, emulation: Emulation | None = None, trace: bool = False,
-                 synchronous_copies: bool = False):
+                 synchronous_copies: bool = False, neighbours: Any = None):
         self.rank = rank
         self.stages = {s.stage_index: s for s in stages}
         self.device = torch.device(getattr(stages[0], "device", "cpu"))
@@ -207,6 +210,8 @@ class PlanExecutor:
         if emulation is not None and self.cuda:
             raise ValueError("emulated time runs on CPU stages only; on CUDA the real kernels take their time")
         self.emulation = emulation
+        self.neighbours = neighbours
+        self.synchronous_copies = synchronous_copies
         self.stats = ExecutorStats()
         self._records: dict[tuple[int, int], _Record] = {}
         self._recording: _Record | None = None
@@ -225,7 +230,10 @@ class PlanExecutor:
         self.d2h = OrderedLane("d2h", threaded=threaded)
         self.h2d = OrderedLane("h2d", threaded=threaded)
         self._streams: dict[str, Any] = {}
-        if self.cuda:  # CUDA only: dedicated copy streams
+        if self.cuda and synchronous_copies:  # CUDA only: the copies queue up behind compute
+            compute = torch.cuda.current_stream(self.device)
+            self._streams = {"d2h": compute, "h2d": compute}
+        elif self.cuda:  # CUDA only: dedicated copy streams
             self._streams = {"d2h": torch.cuda.Stream(self.device), "h2d": torch.cuda.Stream(self.device)}
         self.recorder = OpRecorder(self.device, self.held_bytes) if trace else None
         for stage in stages:
@@ -251,6 +259,8 @@ class PlanExecutor:
     def begin_iteration(self) -> None:
         self.d2h.set_order(self._d2h_order)
         self.h2d.set_order(self._h2d_order)
+        if self.neighbours is not None:
+            self.neighbours.begin_iteration()
         if self.recorder is not None:
             self.recorder.begin_iteration()
 
@@ -532,15 +542,17 @@ class PlanExecutor:
         issued to when the issue returns (its completion is only awaited at the end of the step).
         """
         recorder = self.recorder
+        neighbours = self.neighbours
         pending: list[tuple[str, int, int]] = []
         posted: dict[int, tuple[str, int, int, Any]] = {}
         self._ran_before = set()
 
         def batch_p2p(batch, p2p_ops, desc):
             start = recorder.mark() if recorder is not None else None
-            works = batch(p2p_ops, desc=desc)
-            if pending:
-                kind, k, mb = pending.pop()
+            label = pending.pop() if pending else None
+            works = neighbours.post(label, p2p_ops) if neighbours is not None else batch(p2p_ops, desc=desc)
+            if label is not None:
+                kind, k, mb = label
                 if kind.startswith("SEND"):
                     if recorder is not None:
                         recorder.add(kind, k, mb, start, recorder.mark())
@@ -554,7 +566,10 @@ class PlanExecutor:
                 kind, k, mb, start = entry
                 consumer = (Kind.F, k, mb) if kind == "RECV_F" else (self._backward_kind.get((k, mb), Kind.B), k, mb)
                 self._run_before(consumer)
-            wait(works)
+            if neighbours is not None:
+                neighbours.wait(works)
+            else:
+                wait(works)
             if entry is not None and recorder is not None:
                 recorder.add(entry[0], entry[1], entry[2], entry[3], recorder.mark())
 
@@ -722,12 +737,14 @@ def _barrier() -> None:
 
 def build_schedule(problem: Problem, plan: Plan, stages: list, loss_fn: Callable | None,
                    *, scale_grads: bool = True, trace: bool = False,
-                   emulation: Emulation | None = None, synchronous_copies: bool = False) -> PlannedSchedule:
+                   emulation: Emulation | None = None, synchronous_copies: bool = False,
+                   neighbours: Any = None) -> PlannedSchedule:
     """torch's `_PipelineScheduleRuntime` running `plan` on this rank's `stages`.
 
     `stages` are this rank's `PipelineStage`s (the plan's stages on device = this rank). The compute
     order is loaded through torch's own `_load_csv`; offload/recompute run through `PlanExecutor`.
-    `trace=True` records every iteration (`collect_trace()`); `emulation` pads ops to given durations.
+    `trace=True` records every iteration (`collect_trace()`); `emulation` pads ops to given durations;
+    `neighbours` (`client.emulated_neighbours.EmulatedNeighbours`) replaces the other ranks.
     """
     rank = stages[0].group_rank
     expected = set(problem.stages_of(rank))
@@ -739,7 +756,7 @@ def build_schedule(problem: Problem, plan: Plan, stages: list, loss_fn: Callable
     schedule = KeyedLossRuntime(stages=stages, n_microbatches=problem.num_microbatches,
                                 loss_fn=loss_fn, scale_grads=scale_grads)
     executor = PlanExecutor(stages, rank, emulation=emulation, trace=trace,
-                            synchronous_copies=synchronous_copies)
+                            synchronous_copies=synchronous_copies, neighbours=neighbours)
     executor.load(plan)
     load_csv_text(schedule, torch_csv(problem, plan))
     return PlannedSchedule(schedule, executor, problem, plan)

@@ -1,0 +1,77 @@
+"""One rank of a 4-rank plan run alone, its neighbours emulated (client.emulated_neighbours), on CPU.
+
+The same one-rank path runs on a GPU in tests/test_cuda_runtime.py; here it runs in emulated time
+(20-ms ops) so the planned arrivals are checkable on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pipeplan.client.emulated_neighbours import arrivals, one_rank_schedule, single_process_group
+from pipeplan.client.emulated_pipeline import make_blocks
+from pipeplan.client.emulation import Emulation
+from torch_ranks import emulated_problem, planned
+
+pytestmark = pytest.mark.torch
+WIDTH = 16
+
+
+def test_arrivals_are_the_producers_planned_ends_plus_the_link():
+    problem = emulated_problem(m=4, unit_ms=10.0, copy_ms=10.0, p2p_ms=1.0)
+    plan = planned(problem, offload=set(), recompute=set())
+    ends = {(p.kind, p.stage, p.mb): p.end_ms for d in plan.devices for p in d.ops}
+    got = arrivals(problem, plan, 1)
+    assert set(got) == {(kind, 1, mb) for kind in ("RECV_F", "RECV_B") for mb in range(4)}
+    for mb in range(4):
+        assert got[("RECV_F", 1, mb)] == ends[("F", 0, mb)] + 1.0
+        assert got[("RECV_B", 1, mb)] == ends[("B", 2, mb)] + 1.0
+    assert all(kind == "RECV_B" for kind, _, _ in arrivals(problem, plan, 0))  # the first rank is fed
+
+
+def _run(problem, plan, rank: int, iterations: int = 2):
+    blocks = make_blocks(problem.num_stages, WIDTH)
+    run = one_rank_schedule(problem, plan, rank, {k: blocks[k] for k in problem.stages_of(rank)},
+                            torch.zeros(2, WIDTH), emulation=Emulation(problem))
+    try:
+        for _ in range(iterations):
+            for block in blocks:
+                block.zero_grad(set_to_none=True)
+            run.step()
+        return run.schedule.local_trace(), run, [p.grad.clone() for k in problem.stages_of(rank)
+                                                 for p in blocks[k].parameters()]
+    finally:
+        run.close()
+
+
+@pytest.mark.integration
+def test_one_rank_meets_every_receive_at_its_planned_time_and_trains_as_without_offload():
+    """Rank 1 (a middle rank: receives both ways) of a plan offloading all its microbatches: every
+    op that consumes a receive starts after the receive's planned arrival, the rank ends near the
+    plan's end for it, nothing ran late, and its gradients equal (to rounding) the same rank's without offload."""
+    problem = emulated_problem(m=4, unit_ms=20.0, copy_ms=20.0, p2p_ms=1.0)
+    plain = planned(problem, offload=set(), recompute=set())
+    offload = planned(problem, offload={(1, mb) for mb in range(4)}, recompute=set())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the emulated ranks do: intra-op threads only contend with the lanes
+    try:
+        with single_process_group():
+            trace, run, grads = _run(problem, offload, 1)
+            _, _, plain_grads = _run(problem, plain, 1)
+    finally:
+        torch.set_num_threads(threads)
+    assert run.schedule.executor.stats.late == []
+    assert run.schedule.executor.stats.offloaded_bytes and run.schedule.executor.stats.reloads
+    ops = {(o.kind, o.stage, o.mb): o for o in trace.ops}
+    due = arrivals(problem, offload, 1)
+    for (kind, k, mb), at in due.items():
+        consumer = ops[("F" if kind == "RECV_F" else "B", k, mb)]
+        assert consumer.start_ms >= at - 0.5, (kind, mb, consumer.start_ms, at)
+        assert ops[(kind, k, mb)].end_ms >= at - 0.5
+    planned_end = max(p.end_ms for p in offload.devices[1].ops)
+    measured_end = max(o.end_ms for o in trace.ops)
+    assert abs(measured_end - planned_end) <= 0.2 * planned_end, (measured_end, planned_end)
+    # reloaded tensors may sit at other addresses, so the kernels' blocking (and rounding) can differ
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-9) for a, b in zip(grads, plain_grads))
