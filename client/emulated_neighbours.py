@@ -54,6 +54,47 @@ def arrivals(problem: Problem, plan: Plan, rank: int) -> dict[Label, float]:
     return out
 
 
+def predicted_rank_end(problem: Problem, plan: Plan, rank: int, *, synchronous_copies: bool = False) -> float:
+    """When `rank`'s last op ends if its neighbours keep to the plan (receives at `arrivals`) and
+    its own ops start as early as they can in the order the executor issues them.
+
+    With copy lanes each copy starts when it is issued (the end of the compute op before it: the
+    executor issues a RELOAD before its anchor op, an OFFLOAD after its F), its lane is free and its
+    own OFFLOAD has ended; with `synchronous_copies` the copies run in compute's order instead. The
+    difference between the two is the overlap this rank's copies buy it.
+    """
+    from pipeplan.planner.ops import Kind, Op, choices_from_ops, deps, duration, op_of
+
+    from .torch_runtime import side_op_positions
+
+    planned = {op_of(p): p for d in plan.devices for p in d.ops}
+    choices, _ = choices_from_ops(problem, list(planned))
+    torch_ops, before, after = side_op_positions(plan, rank)
+    sequence: list[tuple[Kind, int, int]] = []
+    for op in torch_ops:
+        sequence += [*before.get(op, ()), op, *after.get(op, ())]
+    mine = set(problem.stages_of(rank))
+    end: dict[Op, float] = {}
+    compute_free = 0.0
+    lane_free = {Kind.OFFLOAD: 0.0, Kind.RELOAD: 0.0}
+    for kind, k, mb in sequence:
+        op = Op(kind, k, mb)
+        ready = 0.0
+        for dep in deps(problem, op, choices):
+            if dep.before.stage in mine:
+                ready = max(ready, end[dep.before] + dep.lag_ms)
+            else:  # a neighbour's op: as planned
+                ready = max(ready, planned[dep.before].end_ms + dep.lag_ms)
+        copy = kind in lane_free
+        start = max(ready, compute_free, lane_free[kind] if copy else 0.0)
+        end[op] = start + duration(problem, op)
+        if copy and not synchronous_copies:
+            lane_free[kind] = end[op]
+        else:
+            compute_free = end[op]
+    return max(end.values())
+
+
 @dataclass
 class _Posted:
     """What a posted batch of sends or receives stands for (the executor keys waits by identity)."""

@@ -10,7 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipeplan.client.emulated_neighbours import arrivals, one_rank_schedule, single_process_group
+from pipeplan.client.emulated_neighbours import (arrivals, one_rank_schedule, predicted_rank_end,
+                                                 single_process_group)
 from pipeplan.client.emulated_pipeline import make_blocks
 from pipeplan.client.emulation import Emulation
 from torch_ranks import emulated_problem, planned
@@ -31,10 +32,10 @@ def test_arrivals_are_the_producers_planned_ends_plus_the_link():
     assert all(kind == "RECV_B" for kind, _, _ in arrivals(problem, plan, 0))  # the first rank is fed
 
 
-def _run(problem, plan, rank: int, iterations: int = 2):
+def _run(problem, plan, rank: int, iterations: int = 2, synchronous: bool = False):
     blocks = make_blocks(problem.num_stages, WIDTH)
     run = one_rank_schedule(problem, plan, rank, {k: blocks[k] for k in problem.stages_of(rank)},
-                            torch.zeros(2, WIDTH), emulation=Emulation(problem))
+                            torch.zeros(2, WIDTH), emulation=Emulation(problem), synchronous_copies=synchronous)
     try:
         for _ in range(iterations):
             for block in blocks:
@@ -47,10 +48,22 @@ def _run(problem, plan, rank: int, iterations: int = 2):
 
 
 @pytest.mark.integration
+def test_the_predicted_rank_end_is_the_plans_and_synchronous_copies_add_the_overlap():
+    problem = emulated_problem(m=4, unit_ms=20.0, copy_ms=20.0, p2p_ms=1.0)
+    offload = planned(problem, offload={(1, mb) for mb in range(4)}, recompute=set())
+    for rank in range(4):
+        planned_end = max(p.end_ms for p in offload.devices[rank].ops)
+        assert predicted_rank_end(problem, offload, rank) == pytest.approx(planned_end)
+    # rank 1's copies (4 x 2 x 20 ms) hide behind compute but for what waits on a receive anyway
+    assert predicted_rank_end(problem, offload, 1, synchronous_copies=True) == pytest.approx(345.0 + 76.0)
+    assert predicted_rank_end(problem, offload, 0, synchronous_copies=True) == pytest.approx(366.0)
+
+
 def test_one_rank_meets_every_receive_at_its_planned_time_and_trains_as_without_offload():
     """Rank 1 (a middle rank: receives both ways) of a plan offloading all its microbatches: every
     op that consumes a receive starts after the receive's planned arrival, the rank ends near the
-    plan's end for it, nothing ran late, and its gradients equal (to rounding) the same rank's without offload."""
+    plan's end for it, nothing ran late, and its gradients equal (to rounding) the same rank's
+    without offload. With synchronous copies it ends later by about the overlap predicted for it."""
     problem = emulated_problem(m=4, unit_ms=20.0, copy_ms=20.0, p2p_ms=1.0)
     plain = planned(problem, offload=set(), recompute=set())
     offload = planned(problem, offload={(1, mb) for mb in range(4)}, recompute=set())
@@ -60,6 +73,7 @@ def test_one_rank_meets_every_receive_at_its_planned_time_and_trains_as_without_
         with single_process_group():
             trace, run, grads = _run(problem, offload, 1)
             _, _, plain_grads = _run(problem, plain, 1)
+            sync_trace, _, _ = _run(problem, offload, 1, synchronous=True)
     finally:
         torch.set_num_threads(threads)
     assert run.schedule.executor.stats.late == []
@@ -73,5 +87,8 @@ def test_one_rank_meets_every_receive_at_its_planned_time_and_trains_as_without_
     planned_end = max(p.end_ms for p in offload.devices[1].ops)
     measured_end = max(o.end_ms for o in trace.ops)
     assert abs(measured_end - planned_end) <= 0.2 * planned_end, (measured_end, planned_end)
+    overlap = predicted_rank_end(problem, offload, 1, synchronous_copies=True) - planned_end
+    saved = max(o.end_ms for o in sync_trace.ops) - measured_end
+    assert 0.6 * overlap <= saved <= 1.4 * overlap, (saved, overlap)
     # reloaded tensors may sit at other addresses, so the kernels' blocking (and rounding) can differ
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-9) for a, b in zip(grads, plain_grads))
