@@ -10,8 +10,9 @@ torch has no OFFLOAD, RELOAD or RECOMPUTE action, so `PlanExecutor` carries them
 runtime's compute actions, at the places the plan puts them on this rank:
 
 - OFFLOAD(k, i): F(k, i) runs under saved-tensor hooks that hand autograd a handle instead of each
-  activation it saves (parameters and stage inputs, which stay resident anyway, are not touched);
-  right after F the offload is handed to the device->host copy lane, which copies the tensors to
+  activation it saves (parameters and stage inputs, which stay resident anyway, are not touched, nor
+  are views of them, such as the transposed weights a linear layer on 3-d input saves; saved views of
+  one block of memory share one handle, copied once); right after F the offload is handed to the device->host copy lane, which copies the tensors to
   host memory and drops the device copies while compute goes on.
 - RELOAD(k, i): handed to the host->device copy lane when the compute op that was running when the
   plan starts the reload begins (as `planner.simulator.schedule_from_plan` gates it); it waits for
@@ -69,16 +70,58 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-class _Offloaded:
-    """A saved activation that can live on the device or on the host."""
+def _storages(tensors: Any) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)}
 
-    __slots__ = ("dev", "device", "host", "nbytes")
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Its elements fill one block of memory, in some order (contiguous, transposed, permuted)."""
+    expected = 1
+    dims = sorted((d for d in zip(tensor.shape, tensor.stride()) if d[0] != 1), key=lambda d: d[1])
+    for size, stride in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _region(tensor: torch.Tensor) -> tuple:
+    """The memory a saved tensor covers: saved tensors over one block (attention's output and the
+    reshaped view of it the next linear layer saves) are one activation, counted and copied once. A
+    tensor with gaps between its elements (a strided slice) is a region of its own."""
+    where = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.numel(), tensor.dtype)
+    return where if _dense(tensor) else (*where, tuple(tensor.shape), tuple(tensor.stride()))
+
+
+class _Offloaded:
+    """A saved activation that can live on the device or on the host.
+
+    A dense tensor is kept as its block of memory (`dev` a 1-d view of it), so every saved view of
+    the block is rebuilt from the one copy (`view`); another tensor is kept, and copied, as it is."""
+
+    __slots__ = ("dev", "device", "host", "nbytes", "saved", "dense")
 
     def __init__(self, tensor: torch.Tensor):
-        self.dev: torch.Tensor | None = tensor
+        self.dense = _dense(tensor)
+        self.dev: torch.Tensor | None = (tensor.as_strided((tensor.numel(),), (1,), tensor.storage_offset())
+                                         if self.dense else tensor)
+        self.saved: torch.Tensor | None = tensor  # the first saved tensor (whether memory is freed)
         self.host: torch.Tensor | None = None
         self.device = tensor.device
         self.nbytes = _nbytes(tensor)
+
+    def view_of(self, tensor: torch.Tensor) -> tuple | None:
+        """How to rebuild `tensor` (one of this block's views) from `dev`: (shape, strides, offset)."""
+        if not self.dense:
+            return None
+        start = self.saved.storage_offset() if self.saved is not None else tensor.storage_offset()
+        return tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset() - start
+
+    def view(self, how: tuple | None) -> torch.Tensor:
+        if how is None:
+            return self.dev
+        shape, stride, offset = how
+        return self.dev.as_strided(shape, stride, self.dev.storage_offset() + offset)
 
     def to_host(self, stream: Any = None) -> int:
         """Copy to host and drop the device copy; on CUDA asynchronously on `stream` (pinned buffer)."""
@@ -92,7 +135,7 @@ class _Offloaded:
             dev.record_stream(stream)  # the allocator keeps the block until the copy has read it
         else:
             self.host = torch.empty(dev.size(), dtype=dev.dtype, layout=dev.layout, device="cpu").copy_(dev)
-        self.dev = None
+        self.dev = self.saved = None
         return self.nbytes
 
     def to_device(self, stream: Any = None, consumer: Any = None) -> int:
@@ -115,12 +158,12 @@ class _Offloaded:
 @dataclass
 class _Record:
     mode: str  # "plain" | "offload" | "recompute"
-    handles: dict[int, _Offloaded] = field(default_factory=dict)  # offload: id(tensor) -> handle
+    handles: dict[tuple, _Offloaded] = field(default_factory=dict)  # offload: _region(tensor) -> handle
     inputs: tuple[tuple, dict] | None = None  # recompute: the stage's forward inputs (the checkpoint)
     rng: Any = None
     packed: int = 0  # recompute: how many tensors autograd asked to save
     saved: list[torch.Tensor] | None = None  # recompute: the recomputed activations, in pack order
-    counted: set[int] = field(default_factory=set)  # plain: ids of the saved tensors counted
+    counted: set[tuple] = field(default_factory=set)  # plain: regions of the saved tensors counted
     resident: int = 0  # bytes of saved activations on the device now (the memory trace counts them)
     offload_done: Any = None  # CUDA: event on the d2h stream
     reload_done: Any = None  # CUDA: event on the h2d stream
@@ -223,6 +266,7 @@ class PlanExecutor:
         self._backward_kind: dict[tuple[int, int], Kind] = {}
         self._ran_before: set[tuple] = set()
         self._h2d_order: list[tuple[int, int]] = []
+        self._resident: set[int] = set()  # storages of the running forward's parameters and inputs
         self._held = 0
         self._held_lock = threading.Lock()
         # CPU: a worker thread per lane; CUDA: issued from this thread onto a stream per lane
@@ -343,6 +387,7 @@ class PlanExecutor:
             self._hold(record, -record.resident)
 
     def _capture_inputs(self, module: nn.Module, args: tuple, kwargs: dict):
+        self._resident = _storages(module.parameters()) | _storages((*args, *kwargs.values()))
         if self._recording is not None and self._recording.mode == "recompute":
             self._recording.inputs = (args, kwargs)
             self._recording.rng = _rng_state(args)
@@ -369,8 +414,9 @@ class PlanExecutor:
 
     def _pack_counted(self, record: _Record) -> Callable[[torch.Tensor], Any]:
         def pack(tensor: torch.Tensor) -> Any:
-            if not tensor.is_leaf and id(tensor) not in record.counted:
-                record.counted.add(id(tensor))
+            region = _region(tensor)
+            if tensor.untyped_storage().data_ptr() not in self._resident and region not in record.counted:
+                record.counted.add(region)
                 self._hold(record, _nbytes(tensor))
             return tensor
         return pack
@@ -378,13 +424,16 @@ class PlanExecutor:
     # -- offload ---------------------------------------------------------------------------------------
     def _pack_offload(self, record: _Record) -> Callable[[torch.Tensor], Any]:
         def pack(tensor: torch.Tensor) -> Any:
-            if tensor.is_leaf:  # parameters and the stage's inputs stay resident anyway
+            # parameters and the stage's inputs, and views of them (a linear layer on 3-d input saves
+            # its weight transposed), stay resident anyway
+            if tensor.untyped_storage().data_ptr() in self._resident:
                 return tensor
-            handle = record.handles.get(id(tensor))
-            if handle is None or handle.dev is not tensor:
-                handle = record.handles[id(tensor)] = _Offloaded(tensor)
+            region = _region(tensor)
+            handle = record.handles.get(region)
+            if handle is None:
+                handle = record.handles[region] = _Offloaded(tensor)
                 self._hold(record, handle.nbytes)
-            return handle
+            return handle, handle.view_of(tensor)
         return pack
 
     def _offload_job(self, k: int, mb: int) -> CopyJob:
@@ -399,7 +448,7 @@ class PlanExecutor:
                 stream.wait_event(ready)
             start = self.recorder.mark(stream) if self.recorder is not None else None
             started = time.perf_counter()
-            alive = [(weakref.ref(h.dev), h.nbytes) for h in record.handles.values() if h.dev is not None]
+            alive = [(weakref.ref(h.saved), h.nbytes) for h in record.handles.values() if h.saved is not None]
             moved = sum(h.to_host(stream) for h in record.handles.values())
             self._hold(record, -moved)
             self.stats.offloaded_bytes[(k, mb)] += moved
@@ -492,7 +541,9 @@ class PlanExecutor:
             raise RuntimeError(f"stage {k} mb {mb}: the recomputed forward saved {len(saved)} tensors but"
                                f" the original saved {record.packed}; is the stage's forward deterministic?")
         record.saved = saved
-        self._hold(record, sum(_nbytes(t) for t in {id(t): t for t in saved if not t.is_leaf}.values()))
+        resident = _storages(self.stages[k].submod.parameters()) | _storages((*args, *kwargs.values()))
+        activations = {_region(t): t for t in saved if t.untyped_storage().data_ptr() not in resident}
+        self._hold(record, sum(_nbytes(t) for t in activations.values()))
         self.stats.recomputes.add((k, mb))
 
     # -- running the side ops --------------------------------------------------------------------------
@@ -621,12 +672,13 @@ def _unpack_offload(executor: PlanExecutor, k: int, mb: int) -> Callable[[Any], 
     def unpack(packed: Any) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
             return packed
-        if packed.dev is None:
+        handle, how = packed
+        if handle.dev is None:
             executor.stats.late.append(f"RELOAD({k},{mb}) on demand")
             executor._ensure_ready(k, mb, Kind.W)
-            if packed.dev is None:
+            if handle.dev is None:
                 executor._reload_now(k, mb)
-        return packed.dev
+        return handle.view(how)
     return unpack
 
 

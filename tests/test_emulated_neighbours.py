@@ -92,3 +92,27 @@ def test_one_rank_meets_every_receive_at_its_planned_time_and_trains_as_without_
     assert 0.6 * overlap <= saved <= 1.4 * overlap, (saved, overlap)
     # reloaded tensors may sit at other addresses, so the kernels' blocking (and rounding) can differ
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-9) for a, b in zip(grads, plain_grads))
+
+
+def test_offload_moves_each_activation_once_and_never_a_weight():
+    """A Llama-like block on (batch, seq, width) input saves transposed weights (views of the
+    parameters) and several views of one tensor (each linear layer's reshaped input): the executor
+    offloads exactly the saved activations the profiler measures, each once, and no weight."""
+    from bench.llama_stage import make_stage
+    from pipeplan.client.profiler import profile_stack
+
+    problem = emulated_problem(m=2, unit_ms=1.0, copy_ms=1.0, p2p_ms=0.0)
+    offload = planned(problem, offload={(1, 0), (1, 1)}, recompute=set())
+    block = make_stage(256, 1, torch.float32, torch.device("cpu"))[0]
+    example = torch.randn(1, 64, 256)
+    (group,) = profile_stack([("dense", block)], example, repeats=1)
+    activation = group["activation_mib"] * 2**20 - example.numel() * 4  # the output is sent, not saved
+    with single_process_group():
+        run = one_rank_schedule(problem, offload, 1, {1: block}, torch.zeros_like(example))
+        try:
+            run.step()
+        finally:
+            run.close()
+    moved = run.schedule.executor.stats.offloaded_bytes
+    assert set(moved) == {(1, 0), (1, 1)}
+    assert all(n == pytest.approx(activation, rel=1e-6) for n in moved.values()), (moved, activation)
