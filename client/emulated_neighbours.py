@@ -224,10 +224,10 @@ def one_rank_schedule(problem: Problem, plan: Plan, rank: int, modules: dict[int
     neighbours = EmulatedNeighbours(problem, plan, rank, device)
     schedule = build_schedule(problem, plan, stages, loss_fn or _mse, trace=trace, emulation=emulation,
                               synchronous_copies=synchronous_copies, neighbours=neighbours)
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator(device=device).manual_seed(1)  # made where they are used: a GPU batch is large
     shape = (problem.num_microbatches * microbatch.shape[0], *microbatch.shape[1:])
-    inputs = torch.randn(shape, generator=g).to(microbatch.dtype).to(device)
-    targets = torch.randn(shape, generator=g).to(microbatch.dtype).to(device)
+    inputs = torch.randn(shape, generator=g, device=device, dtype=microbatch.dtype)
+    targets = torch.randn(shape, generator=g, device=device, dtype=microbatch.dtype)
     last = problem.num_stages - 1
     return OneRank(schedule, neighbours, first=0 in problem.stages_of(rank),
                    last=last in problem.stages_of(rank), inputs=inputs, targets=targets)
