@@ -38,7 +38,7 @@ def test_cuda_mode_runs_on_cpu_and_prints_the_table_with_finite_figures(tmp_path
         assert ("iteration", quantity) in quantities
     assert {"peak, the offload plan", "peak, ZB-H1 without offload", "saved by offload"} <= {
         q for s, q in quantities if s == "memory"}
-    presets = [q for s, q in quantities if s == "presets"]
+    presets = [c[1] for c in cells if c[0] == "presets"]
     assert len(presets) == 7 and sum("host link" in q for q in presets) == 2
 
     doc = json.loads(out.read_text())
