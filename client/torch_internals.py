@@ -103,7 +103,9 @@ class KeyedLossRuntime(ScheduleRuntime):
 
     def _maybe_compute_loss(self, stage, output, target_mbs, mb_index, loss_kwargs=None):
         if stage.is_last and self._loss_fn is not None:
-            loss = self._compute_loss(output, target_mbs[mb_index], loss_kwargs)  # type: ignore[index]
+            # torch before 2.13 takes no loss_kwargs (2.11's _compute_loss(output, target))
+            extra = (loss_kwargs,) if loss_kwargs is not None else ()
+            loss = self._compute_loss(output, target_mbs[mb_index], *extra)  # type: ignore[index]
             self._losses_by_mb()[mb_index] = loss
 
     def _maybe_get_loss(self, stage, mb_index):
