@@ -13,8 +13,8 @@
 #   3. what comes back ($OUT): gpu_check.log (everything), pytest_cuda.log, fidelity_cuda.md (the
 #      table for docs/torch.md's "On a GPU"), fidelity_cuda.json (the same rows and the details).
 #
-# It assumes only the device image (python3 with CUDA PyTorch; see /work/.library/device/KINDS.md)
-# plus the carried wheels, and never installs from a network. Exit status: 0 when the tests and the
+# It assumes only the device image (python3 with CUDA PyTorch 2.11, numpy, pandas, httpx, rich,
+# typer, pytest, pytest-timeout, setuptools) plus the carried wheels, and never installs from a network. Exit status: 0 when the tests and the
 # bench both passed; 1 otherwise; 3 when pipeplan cannot be imported there (missing wheels).
 set -x
 set -o pipefail

@@ -61,16 +61,17 @@ def test_offloaded_handle_goes_to_pinned_host_memory_and_back_on_the_copy_stream
     d2h, h2d = torch.cuda.Stream(), torch.cuda.Stream()
     compute = torch.cuda.current_stream()
     assert len({d2h.cuda_stream, h2d.cuda_stream, compute.cuda_stream}) == 3
-    x = torch.randn(ROWS, WIDTH, device="cuda")
+    x = torch.randn(ROWS, WIDTH, device="cuda").t()  # saved transposed, as a linear layer's weight view
     want = x.clone()
     handle = _Offloaded(x)
+    how = handle.view_of(x)
     del x
     assert handle.to_host(d2h) == ROWS * WIDTH * 4
     assert handle.dev is None and handle.host.is_pinned()
     d2h.synchronize()
     assert handle.to_device(h2d, compute) == ROWS * WIDTH * 4
     compute.wait_stream(h2d)
-    assert torch.equal(handle.dev, want)
+    assert handle.dev.is_cuda and torch.equal(handle.view(how), want)
 
 
 def test_lanes_overlap_copies_with_compute_and_every_backward_waits_for_its_own_reload():
