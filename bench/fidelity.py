@@ -2,6 +2,8 @@
 
 Run:  .venv/bin/python bench/fidelity.py                 (one to two minutes on 2 cores)
       .venv/bin/python bench/fidelity.py --iterations 5 --calibrate 2 --solve-s 20 --json
+      python bench/fidelity.py --cuda [--device cpu --width 256 ...]   (one stage on a GPU against its
+                                                 prediction: bench/fidelity_cuda.py, its own options)
 
 Every plan runs on 4 gloo ranks (CPU processes) in emulated time (client.emulated_pipeline): each
 op's real work runs on a small MLP block, then a timed wait fills it up to the duration the problem
@@ -83,6 +85,10 @@ def kinds(plan: Plan) -> str:
 
 
 def main() -> int:
+    if "--cuda" in sys.argv[1:]:  # one stage on a GPU against its prediction: bench/fidelity_cuda.py
+        from fidelity_cuda import main as cuda_main
+
+        return cuda_main([a for a in sys.argv[1:] if a != "--cuda"])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=3, help="measured iterations per plan")
     parser.add_argument("--calibrate", type=int, default=1,

@@ -11,7 +11,11 @@ receives, or to keep losses per microbatch, so pipeplan's runtime (`client.torch
 - the module functions `_batch_p2p` / `_wait_batch_p2p` through which every schedule sends and
   receives (`p2p_hooks`);
 - a stage's `forward_one_chunk`, `backward_one_chunk`, `backward_weight_one_chunk` and
-  `get_{fwd,bwd}_{send,recv}_ops` (not underscored, but undocumented), which the executor wraps.
+  `get_{fwd,bwd}_{send,recv}_ops` (not underscored, but undocumented), which the executor wraps;
+- for one rank run alone (`client.emulated_neighbours`): a stage's `group_rank` / `group_size`, and,
+  where the torch has them, `_warmup_forward_vote` / `_warmup_backward_result` (the neighbours' vote
+  on static vs inferred shapes, which talks to them directly), replaced per stage
+  (`assume_static_neighbours`); a torch without the vote has nothing to replace.
 
 Private names change between releases: importing this module checks every one of them and raises
 one ImportError naming what is missing, with the versions pipeplan was tested with; a torch outside
@@ -99,7 +103,9 @@ class KeyedLossRuntime(ScheduleRuntime):
 
     def _maybe_compute_loss(self, stage, output, target_mbs, mb_index, loss_kwargs=None):
         if stage.is_last and self._loss_fn is not None:
-            loss = self._compute_loss(output, target_mbs[mb_index], loss_kwargs)  # type: ignore[index]
+            # torch before 2.13 takes no loss_kwargs (2.11's _compute_loss(output, target))
+            extra = (loss_kwargs,) if loss_kwargs is not None else ()
+            loss = self._compute_loss(output, target_mbs[mb_index], *extra)  # type: ignore[index]
             self._losses_by_mb()[mb_index] = loss
 
     def _maybe_get_loss(self, stage, mb_index):
@@ -121,6 +127,17 @@ class KeyedLossRuntime(ScheduleRuntime):
         if not hasattr(self, "_pipeplan_losses"):
             self._pipeplan_losses: dict[int, torch.Tensor] = {}
         return self._pipeplan_losses
+
+
+def assume_static_neighbours(stage: Any, rank: int, world: int) -> None:
+    """Make `stage` (built in a one-process group) rank `rank` of `world`, whose neighbours all
+    vote for the static shapes it was given: nothing is asked of ranks that are not there."""
+    stage.group_rank, stage.group_size = rank, world
+    if hasattr(stage, "_warmup_forward_vote"):  # torch's warm-up vote: every neighbour says "static"
+        def static(*args: Any, **kwargs: Any) -> torch.Tensor:
+            return torch.ones(1, dtype=torch.int32, device=stage.device)
+        stage._warmup_forward_vote = static
+        stage._warmup_backward_result = static
 
 
 # -- sends and receives ------------------------------------------------------------------------------
@@ -165,5 +182,5 @@ def p2p_hooks(batch: BatchHook, wait: WaitHook) -> Iterator[None]:
         _local.hooks = outer
 
 
-__all__ = ["TESTED", "Action", "KeyedLossRuntime", "ScheduleRuntime", "load_csv_text", "p2p_hooks",
-           "parse_torch_csv"]
+__all__ = ["TESTED", "Action", "KeyedLossRuntime", "ScheduleRuntime", "assume_static_neighbours",
+           "load_csv_text", "p2p_hooks", "parse_torch_csv"]

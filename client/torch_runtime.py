@@ -10,8 +10,9 @@ torch has no OFFLOAD, RELOAD or RECOMPUTE action, so `PlanExecutor` carries them
 runtime's compute actions, at the places the plan puts them on this rank:
 
 - OFFLOAD(k, i): F(k, i) runs under saved-tensor hooks that hand autograd a handle instead of each
-  activation it saves (parameters and stage inputs, which stay resident anyway, are not touched);
-  right after F the offload is handed to the device->host copy lane, which copies the tensors to
+  activation it saves (parameters and stage inputs, which stay resident anyway, are not touched, nor
+  are views of them, such as the transposed weights a linear layer on 3-d input saves; saved views of
+  one block of memory share one handle, copied once); right after F the offload is handed to the device->host copy lane, which copies the tensors to
   host memory and drops the device copies while compute goes on.
 - RELOAD(k, i): handed to the host->device copy lane when the compute op that was running when the
   plan starts the reload begins (as `planner.simulator.schedule_from_plan` gates it); it waits for
@@ -34,7 +35,8 @@ and the mismatch is visible.
 With `trace=True` every op's measured start and end (and the pipeline's sends/receives and memory
 high-water marks, `client.tracing`) is recorded; `PlannedSchedule.collect_trace()` gathers a
 `pipeplan.trace/v1` document on rank 0. With an `Emulation` (`client.emulation`, CPU only) ops take
-the durations a problem gives them.
+the durations a problem gives them. With `neighbours` (`client.emulated_neighbours`) the sends and
+receives never reach torch.distributed: one rank runs alone, its receives arriving when planned.
 """
 
 from __future__ import annotations
@@ -68,16 +70,58 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-class _Offloaded:
-    """A saved activation that can live on the device or on the host."""
+def _storages(tensors: Any) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)}
 
-    __slots__ = ("dev", "device", "host", "nbytes")
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Its elements fill one block of memory, in some order (contiguous, transposed, permuted)."""
+    expected = 1
+    dims = sorted((d for d in zip(tensor.shape, tensor.stride()) if d[0] != 1), key=lambda d: d[1])
+    for size, stride in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _region(tensor: torch.Tensor) -> tuple:
+    """The memory a saved tensor covers: saved tensors over one block (attention's output and the
+    reshaped view of it the next linear layer saves) are one activation, counted and copied once. A
+    tensor with gaps between its elements (a strided slice) is a region of its own."""
+    where = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.numel(), tensor.dtype)
+    return where if _dense(tensor) else (*where, tuple(tensor.shape), tuple(tensor.stride()))
+
+
+class _Offloaded:
+    """A saved activation that can live on the device or on the host.
+
+    A dense tensor is kept as its block of memory (`dev` a 1-d view of it), so every saved view of
+    the block is rebuilt from the one copy (`view`); another tensor is kept, and copied, as it is."""
+
+    __slots__ = ("dev", "device", "host", "nbytes", "saved", "dense")
 
     def __init__(self, tensor: torch.Tensor):
-        self.dev: torch.Tensor | None = tensor
+        self.dense = _dense(tensor)
+        self.dev: torch.Tensor | None = (tensor.as_strided((tensor.numel(),), (1,), tensor.storage_offset())
+                                         if self.dense else tensor)
+        self.saved: torch.Tensor | None = tensor  # the first saved tensor (whether memory is freed)
         self.host: torch.Tensor | None = None
         self.device = tensor.device
         self.nbytes = _nbytes(tensor)
+
+    def view_of(self, tensor: torch.Tensor) -> tuple | None:
+        """How to rebuild `tensor` (one of this block's views) from `dev`: (shape, strides, offset)."""
+        if not self.dense:
+            return None
+        start = self.saved.storage_offset() if self.saved is not None else tensor.storage_offset()
+        return tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset() - start
+
+    def view(self, how: tuple | None) -> torch.Tensor:
+        if how is None:
+            return self.dev
+        shape, stride, offset = how
+        return self.dev.as_strided(shape, stride, self.dev.storage_offset() + offset)
 
     def to_host(self, stream: Any = None) -> int:
         """Copy to host and drop the device copy; on CUDA asynchronously on `stream` (pinned buffer)."""
@@ -91,7 +135,7 @@ class _Offloaded:
             dev.record_stream(stream)  # the allocator keeps the block until the copy has read it
         else:
             self.host = torch.empty(dev.size(), dtype=dev.dtype, layout=dev.layout, device="cpu").copy_(dev)
-        self.dev = None
+        self.dev = self.saved = None
         return self.nbytes
 
     def to_device(self, stream: Any = None, consumer: Any = None) -> int:
@@ -114,12 +158,12 @@ class _Offloaded:
 @dataclass
 class _Record:
     mode: str  # "plain" | "offload" | "recompute"
-    handles: dict[int, _Offloaded] = field(default_factory=dict)  # offload: id(tensor) -> handle
+    handles: dict[tuple, _Offloaded] = field(default_factory=dict)  # offload: _region(tensor) -> handle
     inputs: tuple[tuple, dict] | None = None  # recompute: the stage's forward inputs (the checkpoint)
     rng: Any = None
     packed: int = 0  # recompute: how many tensors autograd asked to save
     saved: list[torch.Tensor] | None = None  # recompute: the recomputed activations, in pack order
-    counted: set[int] = field(default_factory=set)  # plain: ids of the saved tensors counted
+    counted: set[tuple] = field(default_factory=set)  # plain: regions of the saved tensors counted
     resident: int = 0  # bytes of saved activations on the device now (the memory trace counts them)
     offload_done: Any = None  # CUDA: event on the d2h stream
     reload_done: Any = None  # CUDA: event on the h2d stream
@@ -195,11 +239,13 @@ class PlanExecutor:
 
     `emulation` (CPU only) pads every op to the duration it gives; `trace` records every op's
     measured start, end and memory (see `client.tracing`). `synchronous_copies` runs the copies
-    inline on the compute thread (CPU), the old behaviour, to measure what overlap saves.
+    inline, in compute's order (CPU: on the compute thread; CUDA: on the compute stream), the old
+    behaviour, to measure what overlap saves. `neighbours` (`client.emulated_neighbours`) stands in
+    for the other ranks' sends and receives.
     """
 
     def __init__(self, stages: list, rank: int, *, emulation: Emulation | None = None, trace: bool = False,
-                 synchronous_copies: bool = False):
+                 synchronous_copies: bool = False, neighbours: Any = None):
         self.rank = rank
         self.stages = {s.stage_index: s for s in stages}
         self.device = torch.device(getattr(stages[0], "device", "cpu"))
@@ -207,6 +253,8 @@ class PlanExecutor:
         if emulation is not None and self.cuda:
             raise ValueError("emulated time runs on CPU stages only; on CUDA the real kernels take their time")
         self.emulation = emulation
+        self.neighbours = neighbours
+        self.synchronous_copies = synchronous_copies
         self.stats = ExecutorStats()
         self._records: dict[tuple[int, int], _Record] = {}
         self._recording: _Record | None = None
@@ -218,6 +266,7 @@ class PlanExecutor:
         self._backward_kind: dict[tuple[int, int], Kind] = {}
         self._ran_before: set[tuple] = set()
         self._h2d_order: list[tuple[int, int]] = []
+        self._resident: set[int] = set()  # storages of the running forward's parameters and inputs
         self._held = 0
         self._held_lock = threading.Lock()
         # CPU: a worker thread per lane; CUDA: issued from this thread onto a stream per lane
@@ -225,7 +274,10 @@ class PlanExecutor:
         self.d2h = OrderedLane("d2h", threaded=threaded)
         self.h2d = OrderedLane("h2d", threaded=threaded)
         self._streams: dict[str, Any] = {}
-        if self.cuda:  # CUDA only: dedicated copy streams
+        if self.cuda and synchronous_copies:  # CUDA only: the copies queue up behind compute
+            compute = torch.cuda.current_stream(self.device)
+            self._streams = {"d2h": compute, "h2d": compute}
+        elif self.cuda:  # CUDA only: dedicated copy streams
             self._streams = {"d2h": torch.cuda.Stream(self.device), "h2d": torch.cuda.Stream(self.device)}
         self.recorder = OpRecorder(self.device, self.held_bytes) if trace else None
         for stage in stages:
@@ -251,6 +303,8 @@ class PlanExecutor:
     def begin_iteration(self) -> None:
         self.d2h.set_order(self._d2h_order)
         self.h2d.set_order(self._h2d_order)
+        if self.neighbours is not None:
+            self.neighbours.begin_iteration()
         if self.recorder is not None:
             self.recorder.begin_iteration()
 
@@ -333,6 +387,7 @@ class PlanExecutor:
             self._hold(record, -record.resident)
 
     def _capture_inputs(self, module: nn.Module, args: tuple, kwargs: dict):
+        self._resident = _storages(module.parameters()) | _storages((*args, *kwargs.values()))
         if self._recording is not None and self._recording.mode == "recompute":
             self._recording.inputs = (args, kwargs)
             self._recording.rng = _rng_state(args)
@@ -359,8 +414,9 @@ class PlanExecutor:
 
     def _pack_counted(self, record: _Record) -> Callable[[torch.Tensor], Any]:
         def pack(tensor: torch.Tensor) -> Any:
-            if not tensor.is_leaf and id(tensor) not in record.counted:
-                record.counted.add(id(tensor))
+            region = _region(tensor)
+            if tensor.untyped_storage().data_ptr() not in self._resident and region not in record.counted:
+                record.counted.add(region)
                 self._hold(record, _nbytes(tensor))
             return tensor
         return pack
@@ -368,13 +424,16 @@ class PlanExecutor:
     # -- offload ---------------------------------------------------------------------------------------
     def _pack_offload(self, record: _Record) -> Callable[[torch.Tensor], Any]:
         def pack(tensor: torch.Tensor) -> Any:
-            if tensor.is_leaf:  # parameters and the stage's inputs stay resident anyway
+            # parameters and the stage's inputs, and views of them (a linear layer on 3-d input saves
+            # its weight transposed), stay resident anyway
+            if tensor.untyped_storage().data_ptr() in self._resident:
                 return tensor
-            handle = record.handles.get(id(tensor))
-            if handle is None or handle.dev is not tensor:
-                handle = record.handles[id(tensor)] = _Offloaded(tensor)
+            region = _region(tensor)
+            handle = record.handles.get(region)
+            if handle is None:
+                handle = record.handles[region] = _Offloaded(tensor)
                 self._hold(record, handle.nbytes)
-            return handle
+            return handle, handle.view_of(tensor)
         return pack
 
     def _offload_job(self, k: int, mb: int) -> CopyJob:
@@ -389,7 +448,7 @@ class PlanExecutor:
                 stream.wait_event(ready)
             start = self.recorder.mark(stream) if self.recorder is not None else None
             started = time.perf_counter()
-            alive = [(weakref.ref(h.dev), h.nbytes) for h in record.handles.values() if h.dev is not None]
+            alive = [(weakref.ref(h.saved), h.nbytes) for h in record.handles.values() if h.saved is not None]
             moved = sum(h.to_host(stream) for h in record.handles.values())
             self._hold(record, -moved)
             self.stats.offloaded_bytes[(k, mb)] += moved
@@ -482,7 +541,9 @@ class PlanExecutor:
             raise RuntimeError(f"stage {k} mb {mb}: the recomputed forward saved {len(saved)} tensors but"
                                f" the original saved {record.packed}; is the stage's forward deterministic?")
         record.saved = saved
-        self._hold(record, sum(_nbytes(t) for t in {id(t): t for t in saved if not t.is_leaf}.values()))
+        resident = _storages(self.stages[k].submod.parameters()) | _storages((*args, *kwargs.values()))
+        activations = {_region(t): t for t in saved if t.untyped_storage().data_ptr() not in resident}
+        self._hold(record, sum(_nbytes(t) for t in activations.values()))
         self.stats.recomputes.add((k, mb))
 
     # -- running the side ops --------------------------------------------------------------------------
@@ -532,15 +593,17 @@ class PlanExecutor:
         issued to when the issue returns (its completion is only awaited at the end of the step).
         """
         recorder = self.recorder
+        neighbours = self.neighbours
         pending: list[tuple[str, int, int]] = []
         posted: dict[int, tuple[str, int, int, Any]] = {}
         self._ran_before = set()
 
         def batch_p2p(batch, p2p_ops, desc):
             start = recorder.mark() if recorder is not None else None
-            works = batch(p2p_ops, desc=desc)
-            if pending:
-                kind, k, mb = pending.pop()
+            label = pending.pop() if pending else None
+            works = neighbours.post(label, p2p_ops) if neighbours is not None else batch(p2p_ops, desc=desc)
+            if label is not None:
+                kind, k, mb = label
                 if kind.startswith("SEND"):
                     if recorder is not None:
                         recorder.add(kind, k, mb, start, recorder.mark())
@@ -554,7 +617,10 @@ class PlanExecutor:
                 kind, k, mb, start = entry
                 consumer = (Kind.F, k, mb) if kind == "RECV_F" else (self._backward_kind.get((k, mb), Kind.B), k, mb)
                 self._run_before(consumer)
-            wait(works)
+            if neighbours is not None:
+                neighbours.wait(works)
+            else:
+                wait(works)
             if entry is not None and recorder is not None:
                 recorder.add(entry[0], entry[1], entry[2], entry[3], recorder.mark())
 
@@ -606,12 +672,13 @@ def _unpack_offload(executor: PlanExecutor, k: int, mb: int) -> Callable[[Any], 
     def unpack(packed: Any) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
             return packed
-        if packed.dev is None:
+        handle, how = packed
+        if handle.dev is None:
             executor.stats.late.append(f"RELOAD({k},{mb}) on demand")
             executor._ensure_ready(k, mb, Kind.W)
-            if packed.dev is None:
+            if handle.dev is None:
                 executor._reload_now(k, mb)
-        return packed.dev
+        return handle.view(how)
     return unpack
 
 
@@ -722,12 +789,14 @@ def _barrier() -> None:
 
 def build_schedule(problem: Problem, plan: Plan, stages: list, loss_fn: Callable | None,
                    *, scale_grads: bool = True, trace: bool = False,
-                   emulation: Emulation | None = None, synchronous_copies: bool = False) -> PlannedSchedule:
+                   emulation: Emulation | None = None, synchronous_copies: bool = False,
+                   neighbours: Any = None) -> PlannedSchedule:
     """torch's `_PipelineScheduleRuntime` running `plan` on this rank's `stages`.
 
     `stages` are this rank's `PipelineStage`s (the plan's stages on device = this rank). The compute
     order is loaded through torch's own `_load_csv`; offload/recompute run through `PlanExecutor`.
-    `trace=True` records every iteration (`collect_trace()`); `emulation` pads ops to given durations.
+    `trace=True` records every iteration (`collect_trace()`); `emulation` pads ops to given durations;
+    `neighbours` (`client.emulated_neighbours.EmulatedNeighbours`) replaces the other ranks.
     """
     rank = stages[0].group_rank
     expected = set(problem.stages_of(rank))
@@ -739,7 +808,7 @@ def build_schedule(problem: Problem, plan: Plan, stages: list, loss_fn: Callable
     schedule = KeyedLossRuntime(stages=stages, n_microbatches=problem.num_microbatches,
                                 loss_fn=loss_fn, scale_grads=scale_grads)
     executor = PlanExecutor(stages, rank, emulation=emulation, trace=trace,
-                            synchronous_copies=synchronous_copies)
+                            synchronous_copies=synchronous_copies, neighbours=neighbours)
     executor.load(plan)
     load_csv_text(schedule, torch_csv(problem, plan))
     return PlannedSchedule(schedule, executor, problem, plan)

@@ -1,0 +1,340 @@
+"""`bench/fidelity.py --cuda`: one Llama-like stage on one GPU, measured against its prediction.
+
+Run:  python bench/fidelity.py --cuda --iterations 5 --json fidelity_cuda.json      (one H100: ~1-2 min)
+      python bench/fidelity.py --cuda --device cpu --width 256 --seq 256 --blocks 2 --iterations 2
+                                                  (the same path at a tiny width on CPU: CPU figures)
+
+1. Profile: `--blocks` Llama-like blocks (bench/llama_stage.py: width `--width`, sequence `--seq`,
+   bf16 on CUDA, flash attention through torch's SDPA) through `client.profiler.profile_stack`, the
+   library function of `pipeplan profile`: F, B, W and saved activations per block.
+2. Predict: a pipeline of `--devices` such stages and `--microbatches` microbatches; copies and links
+   timed with the `--hardware` preset (planner.spec.HARDWARE: host link, inter-stage link), each
+   device limited halfway between the least memory any plan needs and 1F1B's peak, offload allowed
+   (recompute not), solved by CP-SAT. The rank with the most offloads runs its part of the plan
+   alone, its neighbours emulated (client.emulated_neighbours: receives arrive when planned), for
+   `--iterations` traced iterations after one warm-up; then the same plan with synchronous copies;
+   then ZB-H1 (no offload) on the same rank.
+3. Compare: per op kind, measured (median) vs planned duration; the rank's iteration with copy
+   lanes and with synchronous copies vs `predicted_rank_end` of each, and their difference (the
+   overlap the copies buy); the peak memory (CUDA: the caching allocator's high-water mark above
+   what the iteration started with; CPU: the saved-tensor bytes the executor holds) vs the plan's
+   predicted peak, with offload and without.
+4. Presets: achieved TFLOP/s of F, B and W (bench/llama_stage.py's FLOPs over the profiled times;
+   the profile times W as its own autograd pass over the block, which also walks back through the
+   layers between a weight and the output) and of F and B+W in the run (torch's split backward),
+   beside the preset's calibrated rate (peak x bf16_efficiency), and the host link's GB/s each way
+   (pinned buffers, copies on their own stream while matrix products run on the compute stream)
+   beside the preset's host_link_gbps.
+
+Prints one Markdown table (section | quantity | predicted or preset | measured | measured/predicted)
+headed by the device and the shapes; `--json PATH` writes the same rows and the details beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from llama_stage import block_flops, make_stage, weight_grad_bytes  # noqa: E402
+from pipeplan.client.emulated_neighbours import (  # noqa: E402
+    one_rank_schedule, predicted_rank_end, single_process_group)
+from pipeplan.client.profiler import profile_stack  # noqa: E402
+from pipeplan.planner.baselines import run_baseline  # noqa: E402
+from pipeplan.planner.bounds import min_memory  # noqa: E402
+from pipeplan.planner.contract import Plan, Problem  # noqa: E402
+from pipeplan.planner.spec import HARDWARE, Hardware  # noqa: E402
+from pipeplan.planner.trace import DeviceTrace  # noqa: E402
+
+MIB = float(1 << 20)
+KINDS = ("F", "B", "W", "OFFLOAD", "RELOAD")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/fidelity.py --cuda", description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: the same path, CPU figures)")
+    p.add_argument("--width", type=int, default=4096)
+    p.add_argument("--blocks", type=int, default=4)
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--devices", type=int, default=4, help="pipeline devices the plan is made for")
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--iterations", type=int, default=3, help="traced iterations per run, after one warm-up")
+    p.add_argument("--repeats", type=int, default=3, help="profiled runs per block (median)")
+    p.add_argument("--solve-s", type=float, default=10.0)
+    p.add_argument("--limit-fraction", type=float, default=0.5,
+                   help="memory limit: this far from the least feasible memory to 1F1B's peak")
+    p.add_argument("--hardware", choices=sorted(HARDWARE), default="H100-80GB")
+    p.add_argument("--rank", type=int, default=None, help="the rank to run (default: the one offloading most)")
+    p.add_argument("--link-mib", type=int, default=None,
+                   help="bytes per host-link measurement, MiB (default: 1024 on CUDA, 64 on CPU)")
+    p.add_argument("--json", type=Path, default=None, help="write the rows and details here")
+    return p.parse_args(argv)
+
+
+# -- 1. profile ---------------------------------------------------------------------------------------
+def profile(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[list, list[dict]]:
+    blocks = make_stage(args.width, args.blocks, dtype, device)
+    example = torch.randn(1, args.seq, args.width, device=device, dtype=dtype)
+    groups = profile_stack([("dense", b) for b in blocks], example, repeats=args.repeats)
+    return blocks, groups
+
+
+# -- 2. predict ---------------------------------------------------------------------------------------
+def stage_problem(args: argparse.Namespace, groups: list[dict], hw: Hardware, element_size: int) -> Problem:
+    """`--devices` stages, each the profiled blocks; copies and links timed with the preset."""
+    act_mib = sum(g["activation_mib"] for g in groups)
+    boundary = args.seq * args.width * element_size
+    wg_mib = min(args.blocks * weight_grad_bytes(args.width, args.seq, element_size) / MIB, act_mib)
+    copy_ms = act_mib * MIB / (hw.host_link_gbps * 1e6)
+    stage = {"forward_ms": sum(g["forward_ms"] for g in groups),
+             "backward_input_ms": sum(g["backward_input_ms"] for g in groups),
+             "backward_weight_ms": sum(g["backward_weight_ms"] for g in groups),
+             "offload_ms": copy_ms, "activation_mib": act_mib, "weight_grad_mib": wg_mib,
+             "checkpoint_mib": min(boundary / MIB, act_mib)}
+    return Problem.model_validate({
+        "num_devices": args.devices, "num_microbatches": args.microbatches,
+        "p2p_ms": boundary / (hw.link_gbps * 1e6) + hw.link_latency_us / 1000.0,
+        "options": {"split_backward": True, "offload": True, "recompute": False},
+        "stages": [{**stage, "device": d} for d in range(args.devices)],
+        "devices": [{"memory_limit_mib": None} for _ in range(args.devices)],
+        "metadata": {"bench": "fidelity --cuda", "width": args.width, "blocks": args.blocks, "seq": args.seq}})
+
+
+def limited(base: Problem, fraction: float) -> Problem:
+    peak, floor = run_baseline(base, "1f1b").peak_memory_mib, min_memory(base)
+    doc = base.model_dump(mode="json")
+    for d, device in enumerate(doc["devices"]):
+        device["memory_limit_mib"] = floor[d] + fraction * (peak[d] - floor[d])
+    return Problem.model_validate(doc)
+
+
+def offload_plan(problem: Problem, seconds: float) -> tuple[Plan, int]:
+    """The solver's plan, and the rank that offloads most (the one worth running)."""
+    from pipeplan.planner.solver import solve
+
+    plan = solve(problem, seconds, workers=4, seed=0).plan
+    counts = [sum(p.kind == "OFFLOAD" for p in d.ops) for d in sorted(plan.devices, key=lambda d: d.device)]
+    return plan, max(range(len(counts)), key=lambda d: (counts[d], -d))
+
+
+# -- 3. run -------------------------------------------------------------------------------------------
+def run_rank(problem: Problem, plan: Plan, rank: int, blocks: list, example: torch.Tensor, iterations: int,
+             *, synchronous: bool = False) -> tuple[list[DeviceTrace], list[float], list[str]]:
+    """`iterations` traced iterations after one warm-up: the traces, the peak memory above each
+    iteration's start (MiB), and what ran late."""
+    cuda = example.is_cuda
+    stage = torch.nn.Sequential(*blocks)
+    traces, peaks = [], []
+    run = one_rank_schedule(problem, plan, rank, {k: stage for k in problem.stages_of(rank)}, example,
+                            synchronous_copies=synchronous)
+    try:
+        for n in range(iterations + 1):
+            stage.zero_grad(set_to_none=True)
+            if cuda:  # CUDA only: what the iteration starts with, after the previous one's frees
+                torch.cuda.synchronize(example.device)
+            base = torch.cuda.memory_allocated(example.device) / MIB if cuda else 0.0
+            run.step()
+            trace = run.schedule.local_trace()
+            if n:
+                traces.append(trace)
+                peaks.append(trace.peak_memory_mib - base)
+        return traces, peaks, list(run.schedule.executor.stats.late)
+    finally:
+        run.close()
+
+
+def span(trace: DeviceTrace) -> float:
+    """The rank's iteration: from the iteration's start to its last op's end (ms)."""
+    return max(o.end_ms for o in trace.ops)
+
+
+def op_medians(traces: list[DeviceTrace]) -> dict[str, tuple[int, float]]:
+    """Per kind: ops per iteration and the median duration; "B+W": the median of B + W per microbatch
+    (torch computes the first stage's whole backward in W, its input needing no gradient)."""
+    out = {}
+    for kind in KINDS:
+        values = [o.end_ms - o.start_ms for t in traces for o in t.ops if o.kind == kind]
+        if values:
+            out[kind] = (len(values) // len(traces), statistics.median(values))
+    pairs = [sum(o.end_ms - o.start_ms for o in t.ops if o.kind in ("B", "W") and o.mb == mb)
+             for t in traces for mb in {o.mb for o in t.ops if o.kind == "W"}]
+    if pairs:
+        out["B+W"] = (len(pairs) // len(traces), statistics.median(pairs))
+    return out
+
+
+# -- 4. presets ---------------------------------------------------------------------------------------
+def host_link_gbps(device: torch.device, mib: int, width: int, dtype: torch.dtype) -> dict[str, float]:
+    """GB/s of a `mib` copy each way while matrix products run on the compute stream.
+
+    CUDA: a pinned host buffer, the copy on its own stream, timed with events on it. CPU: a copy
+    between two host buffers in a thread (what the CPU copy lanes do), timed with the wall clock."""
+    n = mib << 20
+    a = torch.randn(width, width, device=device, dtype=dtype)
+    out: dict[str, float] = {}
+    if device.type == "cuda":  # CUDA only: copy engines beside the SMs
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(n, dtype=torch.uint8, device=device)
+        stream = torch.cuda.Stream(device)
+        for name, (dst, src) in (("d2h", (host, dev)), ("h2d", (dev, host))):
+            samples = []
+            for _ in range(3):
+                torch.cuda.synchronize(device)
+                for _ in range(200):  # compute queued well past the copy's end
+                    a = (a @ a) * (1.0 / math.sqrt(width))
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                with torch.cuda.stream(stream):
+                    start.record(stream)
+                    dst.copy_(src, non_blocking=True)
+                    end.record(stream)
+                torch.cuda.synchronize(device)
+                samples.append(n / (start.elapsed_time(end) * 1e6))
+            out[name] = statistics.median(samples)
+        return out
+    src, dst = torch.empty(n, dtype=torch.uint8), torch.empty(n, dtype=torch.uint8)
+    for name in ("d2h", "h2d"):
+        samples = []
+        for _ in range(3):
+            took: list[float] = []
+
+            def copy() -> None:
+                started = time.perf_counter()
+                dst.copy_(src)
+                took.append(time.perf_counter() - started)
+            worker = threading.Thread(target=copy)
+            worker.start()
+            while worker.is_alive():
+                a = (a @ a) * (1.0 / math.sqrt(width))
+            worker.join()
+            samples.append(n / took[0] / 1e9)
+        out[name] = statistics.median(samples)
+    return out
+
+
+# -- the table ----------------------------------------------------------------------------------------
+def row(section: str, quantity: str, predicted: float, measured: float) -> dict:
+    ratio = measured / predicted if predicted else None
+    return {"section": section, "quantity": quantity, "predicted": predicted, "measured": measured,
+            "ratio": ratio}
+
+
+def markdown(header: list[str], rows: list[dict]) -> str:
+    lines = [*header, "", "| section | quantity | predicted / preset | measured | measured / predicted |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        lines.append(f"| {r['section']} | {r['quantity']} | {r['predicted']:.3f} | {r['measured']:.3f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    threads = torch.get_num_threads()
+    return f"CPU {platform.processor() or platform.machine()}, {threads} thread{'s' if threads > 1 else ''}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"--device {args.device}: torch {torch.__version__} sees no CUDA GPU; --device cpu runs the"
+              " same path at CPU speed", file=sys.stderr)
+        return 2
+    if device.type == "cpu":  # compute on one thread, the copy lanes on theirs (as the emulated ranks run)
+        torch.set_num_threads(1)
+    dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+    hw = HARDWARE[args.hardware]
+    element_size = torch.empty((), dtype=dtype).element_size()
+    started = time.perf_counter()
+
+    blocks, groups = profile(args, device, dtype)
+    base = stage_problem(args, groups, hw, element_size)
+    problem = limited(base, args.limit_fraction)
+    plan, rank = offload_plan(problem, args.solve_s)
+    rank = rank if args.rank is None else args.rank
+    plain = run_baseline(base, "zb-h1")
+    example = torch.zeros(1, args.seq, args.width, device=device, dtype=dtype)
+    with single_process_group():
+        lanes, lanes_peaks, late = run_rank(problem, plan, rank, blocks, example, args.iterations)
+        sync, _, sync_late = run_rank(problem, plan, rank, blocks, example, args.iterations, synchronous=True)
+        dense, dense_peaks, _ = run_rank(base, plain, rank, blocks, example, args.iterations)
+    link = host_link_gbps(device, args.link_mib or (1024 if device.type == "cuda" else 64), args.width, dtype)
+
+    rows = []
+    durations = {"F": problem.stages[0].forward_ms, "B": problem.stages[0].backward_input_ms,
+                 "W": problem.stages[0].backward_weight_ms, "OFFLOAD": problem.stages[0].offload_ms,
+                 "RELOAD": problem.stages[0].reload_ms}
+    durations["B+W"] = durations["B"] + durations["W"]
+    measured_ops = op_medians(lanes)
+    for kind, (count, ms) in measured_ops.items():
+        rows.append(row("ops", f"{kind} (ms, median of {count} per iteration)", durations[kind], ms))
+    lanes_pred = predicted_rank_end(problem, plan, rank)
+    sync_pred = predicted_rank_end(problem, plan, rank, synchronous_copies=True)
+    lanes_ms = statistics.median(span(t) for t in lanes)
+    sync_ms = statistics.median(span(t) for t in sync)
+    rows += [row("iteration", "rank's iteration, copy lanes (ms)", lanes_pred, lanes_ms),
+             row("iteration", "same order, synchronous copies (ms)", sync_pred, sync_ms),
+             row("iteration", "overlap: synchronous minus lanes (ms)", sync_pred - lanes_pred, sync_ms - lanes_ms)]
+    peak, dense_peak = max(lanes_peaks), max(dense_peaks)
+    rows += [row("memory", "peak, the offload plan (MiB)", plan.peak_memory_mib[rank], peak),
+             row("memory", "peak, ZB-H1 without offload (MiB)", plain.peak_memory_mib[rank], dense_peak),
+             row("memory", "saved by offload (MiB)", plain.peak_memory_mib[rank] - plan.peak_memory_mib[rank],
+                 dense_peak - peak)]
+    flops = {k: args.blocks * v for k, v in block_flops(args.width, args.seq).items()}
+    flops["B+W"] = flops["B"] + flops["W"]
+    preset_tflops = hw.peak_tflops * hw.bf16_efficiency
+    # the profile times W as its own pass over the block's graph; the run as torch's split backward
+    for kind, ms, where in (("F", durations["F"], "profile"), ("B", durations["B"], "profile"),
+                            ("W", durations["W"], "profile"), ("F", measured_ops["F"][1], "in the run"),
+                            ("B+W", measured_ops["B+W"][1], "in the run")):
+        rows.append(row("presets", f"{kind} achieved TFLOP/s ({where}; preset: peak x bf16_efficiency)",
+                        preset_tflops, flops[kind] / (ms * 1e-3) / 1e12))
+    for name, label in (("d2h", "device to host"), ("h2d", "host to device")):
+        rows.append(row("presets", f"host link {label}, beside compute (GB/s)", hw.host_link_gbps, link[name]))
+
+    memory_source = "caching allocator above the iteration's start" if device.type == "cuda" \
+        else "saved-tensor bytes the executor holds"
+    header = [
+        f"**{device_name(device)}**, torch {torch.__version__}: {args.blocks} Llama-like blocks, width"
+        f" {args.width}, seq {args.seq}, {str(dtype).removeprefix('torch.')}, attention:"
+        f" {'flash (SDPA)' if device.type == 'cuda' else 'SDPA (CPU)'}.",
+        f"Plan: {problem.num_devices} devices x {problem.num_microbatches} microbatches, {plan.method},"
+        f" memory limit {problem.devices[rank].memory_limit_mib:.0f} MiB per device; rank {rank} run alone"
+        f" (neighbours emulated), {sum(p.kind == 'OFFLOAD' for d in plan.devices if d.device == rank for p in d.ops)}"
+        f" offloads there; {args.iterations} traced iterations per run after one warm-up. Copies and links"
+        f" predicted with the {hw.name} preset (host link {hw.host_link_gbps:g} GB/s). Memory: {memory_source}.",
+    ]
+    if 0 in problem.stages_of(rank):
+        header.append("Rank 0 holds the first stage, whose input needs no gradient: torch runs its whole"
+                      " backward in W (B measures next to nothing; compare B+W).")
+    if late or sync_late:
+        header.append(f"Ran late (plan/runtime mismatch): {sorted(set(late + sync_late))}")
+    print(markdown(header, rows))
+    if args.json is not None:
+        args.json.write_text(json.dumps({
+            "device": device_name(device), "device_type": device.type, "torch": torch.__version__,
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "dtype": str(dtype), "hardware": hw.model_dump(), "rank": rank, "plan_method": plan.method,
+            "rows": rows, "profile": groups, "flops": flops, "host_link_gbps": link, "late": late + sync_late,
+            "runs_ms": {"lanes": [span(t) for t in lanes], "synchronous": [span(t) for t in sync],
+                        "zb-h1": [span(t) for t in dense]},
+            "problem": problem.model_dump(mode="json"), "plan": plan.model_dump(mode="json"),
+            "seconds": time.perf_counter() - started}, indent=2))
+    return 0 if all(math.isfinite(r["measured"]) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
