@@ -40,11 +40,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeplan.client.emulated_pipeline import Job, run_emulated  # noqa: E402
-from pipeplan.planner.baselines import run_baseline  # noqa: E402
-from pipeplan.planner.bounds import min_memory  # noqa: E402
-from pipeplan.planner.contract import Plan, Problem  # noqa: E402
-from pipeplan.planner.fidelity import calibrated_problem, fidelity, retime  # noqa: E402
+from pipeplan.client.emulated_pipeline import Job, run_emulated
+from pipeplan.planner.baselines import run_baseline
+from pipeplan.planner.bounds import min_memory
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.fidelity import calibrated_problem, fidelity, retime
 
 F_MS, B_MS, W_MS, COPY_MS, P2P_MS = 20.0, 24.0, 16.0, 12.0, 1.0
 

@@ -45,16 +45,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from llama_stage import block_flops, make_stage, weight_grad_bytes  # noqa: E402
-from pipeplan.client.emulated_neighbours import (  # noqa: E402
-    one_rank_schedule, predicted_rank_end, single_process_group)
-from pipeplan.client.profiler import profile_stack  # noqa: E402
-from pipeplan.planner.baselines import run_baseline  # noqa: E402
-from pipeplan.planner.bounds import min_memory  # noqa: E402
-from pipeplan.planner.contract import Plan, Problem  # noqa: E402
-from pipeplan.planner.spec import HARDWARE, Hardware  # noqa: E402
-from pipeplan.planner.trace import DeviceTrace  # noqa: E402
+import torch
+from llama_stage import block_flops, make_stage, weight_grad_bytes
+from pipeplan.client.emulated_neighbours import one_rank_schedule, predicted_rank_end, single_process_group
+from pipeplan.client.profiler import profile_stack
+from pipeplan.planner.baselines import run_baseline
+from pipeplan.planner.bounds import min_memory
+from pipeplan.planner.contract import Plan, Problem
+from pipeplan.planner.spec import HARDWARE, Hardware
+from pipeplan.planner.trace import DeviceTrace
 
 MIB = float(1 << 20)
 KINDS = ("F", "B", "W", "OFFLOAD", "RELOAD")
@@ -209,7 +208,7 @@ def host_link_gbps(device: torch.device, mib: int, width: int, dtype: torch.dtyp
         for _ in range(3):
             took: list[float] = []
 
-            def copy() -> None:
+            def copy(took: list[float] = took) -> None:
                 started = time.perf_counter()
                 dst.copy_(src)
                 took.append(time.perf_counter() - started)
@@ -308,14 +307,14 @@ def main(argv: list[str] | None = None) -> int:
     memory_source = "caching allocator above the iteration's start" if device.type == "cuda" \
         else "saved-tensor bytes the executor holds"
     header = [
-        f"**{device_name(device)}**, torch {torch.__version__}: {args.blocks} Llama-like blocks, width"
-        f" {args.width}, seq {args.seq}, {str(dtype).removeprefix('torch.')}, attention:"
-        f" {'flash (SDPA)' if device.type == 'cuda' else 'SDPA (CPU)'}.",
-        f"Plan: {problem.num_devices} devices x {problem.num_microbatches} microbatches, {plan.method},"
-        f" memory limit {problem.devices[rank].memory_limit_mib:.0f} MiB per device; rank {rank} run alone"
-        f" (neighbours emulated), {sum(p.kind == 'OFFLOAD' for d in plan.devices if d.device == rank for p in d.ops)}"
-        f" offloads there; {args.iterations} traced iterations per run after one warm-up. Copies and links"
-        f" predicted with the {hw.name} preset (host link {hw.host_link_gbps:g} GB/s). Memory: {memory_source}.",
+        (f"**{device_name(device)}**, torch {torch.__version__}: {args.blocks} Llama-like blocks, width"
+         f" {args.width}, seq {args.seq}, {str(dtype).removeprefix('torch.')}, attention:"
+         f" {'flash (SDPA)' if device.type == 'cuda' else 'SDPA (CPU)'}."),
+        (f"Plan: {problem.num_devices} devices x {problem.num_microbatches} microbatches, {plan.method},"
+         f" memory limit {problem.devices[rank].memory_limit_mib:.0f} MiB per device; rank {rank} run alone"
+         f" (neighbours emulated), {sum(p.kind == 'OFFLOAD' for d in plan.devices if d.device == rank for p in d.ops)}"
+         f" offloads there; {args.iterations} traced iterations per run after one warm-up. Copies and links"
+         f" predicted with the {hw.name} preset (host link {hw.host_link_gbps:g} GB/s). Memory: {memory_source}."),
     ]
     if 0 in problem.stages_of(rank):
         header.append("Rank 0 holds the first stage, whose input needs no gradient: torch runs its whole"

@@ -12,8 +12,9 @@ runtime's compute actions, at the places the plan puts them on this rank:
 - OFFLOAD(k, i): F(k, i) runs under saved-tensor hooks that hand autograd a handle instead of each
   activation it saves (parameters and stage inputs, which stay resident anyway, are not touched, nor
   are views of them, such as the transposed weights a linear layer on 3-d input saves; saved views of
-  one block of memory share one handle, copied once); right after F the offload is handed to the device->host copy lane, which copies the tensors to
-  host memory and drops the device copies while compute goes on.
+  one block of memory share one handle, copied once); right after F the offload is handed to the
+  device->host copy lane, which copies the tensors to host memory and drops the device copies while
+  compute goes on.
 - RELOAD(k, i): handed to the host->device copy lane when the compute op that was running when the
   plan starts the reload begins (as `planner.simulator.schedule_from_plan` gates it); it waits for
   its own OFFLOAD to end. B(k, i) (or BW) waits for RELOAD(k, i) and for nothing else on the lanes.
@@ -99,7 +100,7 @@ class _Offloaded:
     A dense tensor is kept as its block of memory (`dev` a 1-d view of it), so every saved view of
     the block is rebuilt from the one copy (`view`); another tensor is kept, and copied, as it is."""
 
-    __slots__ = ("dev", "device", "host", "nbytes", "saved", "dense")
+    __slots__ = ("dense", "dev", "device", "host", "nbytes", "saved")
 
     def __init__(self, tensor: torch.Tensor):
         self.dense = _dense(tensor)
@@ -614,7 +615,7 @@ class PlanExecutor:
         def wait_batch_p2p(wait, works):
             entry = posted.pop(id(works), None)
             if entry is not None:
-                kind, k, mb, start = entry
+                kind, k, mb, _start = entry
                 consumer = (Kind.F, k, mb) if kind == "RECV_F" else (self._backward_kind.get((k, mb), Kind.B), k, mb)
                 self._run_before(consumer)
             if neighbours is not None:

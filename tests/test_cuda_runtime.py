@@ -3,12 +3,14 @@ allocator statistics (skipped where torch sees no GPU; bench/gpu_check.sh runs t
 
 Rank 1 of a 4-rank plan runs alone, its neighbours emulated (client.emulated_neighbours): small
 residual MLP blocks (width 1024, 4096 rows per microbatch, float32: the tanh's 32 MiB output is the
-one activation a microbatch saves), stage 1 offloading every microbatch. Each test takes a few seconds on one H100.
+one activation a microbatch saves), stage 1 offloading every microbatch. Each test takes a few
+seconds on one H100.
 """
 
 from __future__ import annotations
 
 import gc
+import itertools
 
 import pytest
 
@@ -116,7 +118,7 @@ def test_cuda_event_trace_is_ordered_and_receives_arrive_when_planned():
     assert trace.memory_source == "cuda_allocator"
     assert all(o.end_ms > o.start_ms for o in trace.ops if o.kind in (*COMPUTE, "OFFLOAD", "RELOAD"))
     compute = _ops(trace, COMPUTE)
-    assert all(a.end_ms <= b.start_ms + 0.01 for a, b in zip(compute, compute[1:]))
+    assert all(a.end_ms <= b.start_ms + 0.01 for a, b in itertools.pairwise(compute))
     ops = {(o.kind, o.stage, o.mb): o for o in trace.ops}
     for mb in range(M):
         f, b, w = (ops[(kind, RANK, mb)] for kind in ("F", "B", "W"))

@@ -10,8 +10,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipeplan.client.emulated_neighbours import (arrivals, one_rank_schedule, predicted_rank_end,
-                                                 single_process_group)
+from pipeplan.client.emulated_neighbours import (
+    arrivals,
+    one_rank_schedule,
+    predicted_rank_end,
+    single_process_group,
+)
 from pipeplan.client.emulated_pipeline import make_blocks
 from pipeplan.client.emulation import Emulation
 from torch_ranks import emulated_problem, planned
@@ -98,8 +102,9 @@ def test_offload_moves_each_activation_once_and_never_a_weight():
     """A Llama-like block on (batch, seq, width) input saves transposed weights (views of the
     parameters) and several views of one tensor (each linear layer's reshaped input): the executor
     offloads exactly the saved activations the profiler measures, each once, and no weight."""
-    from bench.llama_stage import make_stage
     from pipeplan.client.profiler import profile_stack
+
+    from bench.llama_stage import make_stage
 
     problem = emulated_problem(m=2, unit_ms=1.0, copy_ms=1.0, p2p_ms=0.0)
     offload = planned(problem, offload={(1, 0), (1, 1)}, recompute=set())

@@ -23,7 +23,7 @@ def test_cuda_mode_runs_on_cpu_and_prints_the_table_with_finite_figures(tmp_path
     result = subprocess.run(
         [sys.executable, "bench/fidelity.py", "--cuda", "--device", "cpu", "--width", "256", "--seq", "256",
          "--blocks", "2", "--iterations", "2", "--solve-s", "3", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240)
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     lines = result.stdout.splitlines()
     assert lines[0].startswith("**CPU") and "width 256, seq 256" in lines[0]  # labelled with the device
