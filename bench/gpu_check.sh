@@ -14,8 +14,9 @@
 #      table for docs/torch.md's "On a GPU"), fidelity_cuda.json (the same rows and the details).
 #
 # It assumes only the device image (python3 with CUDA PyTorch 2.11, numpy, pandas, httpx, rich,
-# typer, pytest, pytest-timeout, setuptools) plus the carried wheels, and never installs from a network. Exit status: 0 when the tests and the
-# bench both passed; 1 otherwise; 3 when pipeplan cannot be imported there (missing wheels).
+# typer, pytest, pytest-timeout, setuptools) plus the carried wheels, and never installs from a
+# network. Exit status: 0 when the tests and the bench both passed; 1 otherwise; 3 when pipeplan
+# cannot be imported there (missing wheels).
 set -x
 set -o pipefail
 OUT=${OUT:-/tmp/gpu_check_out}
