@@ -156,3 +156,16 @@ def test_one_tick_of_makespan_outweighs_any_iteration():
     assert built.weight > latest
     assert built.makespan_bound(built.weight * 19 + latest) == 19
     assert CpsatModel(two_stage(None), scale, horizon=100).weight == 1  # no tail: the makespan alone
+
+
+def test_a_solved_plan_carries_the_iteration_bound_of_its_best_makespan_bound():
+    """The solve's makespan bound lifts the plan's iteration bound too, never above its iteration:
+    at 2 MiB per device CP-SAT proves a 21-ms makespan where the bounds alone say 19."""
+    problem = loop_with_reductions([1.0, 1.0, 6.0, 6.0])
+    problem = problem.model_copy(update={"devices": [d.model_copy(update={"memory_limit_mib": 2.0})
+                                                     for d in problem.devices]})
+    plan = solve(problem, 20, engine="cpsat", workers=1, deterministic=True).plan
+    assert (plan.lower_bound_ms, plan.solver_bound_ms) == (19.0, 21.0)
+    assert plan.iteration_bound_ms == pytest.approx(21.0 + tail_floor(problem))
+    assert plan.iteration_bound_ms <= plan.iteration_ms
+    assert validate_plan(problem, plan) == []

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..bounds import ALL, QUICK, check_memory_feasible, known, lower_bound
 from ..contract import Plan, Problem
+from ..iteration import iteration_bound
 from ..simulator import build_plan, schedule_from_plan, simulate
 from ..validator import validate_plan
 from .incumbent import Incumbent
@@ -230,10 +231,14 @@ def solve(problem: Problem, time_limit_s: float, on_improvement: Callable[[Plan]
     best = inc.plan
     bound = max(lb, solver_bound or 0.0)
     optimal = engine_proved or inc.meets(bound)
-    final = best.model_copy(update={
+    update = {
         "status": "optimal" if optimal else "feasible",
         "solver_bound_ms": min(solver_bound, best.makespan_ms) if solver_bound is not None else best.solver_bound_ms,
-    })
+    }
+    if best.iteration_ms is not None:  # the iteration's bound from the best makespan bound the solve has
+        update["iteration_bound_ms"] = min(max(best.iteration_bound_ms or 0.0, iteration_bound(problem, bound)),
+                                           best.iteration_ms)
+    final = best.model_copy(update=update)
     if optimal:
         outcome = "optimal"
     elif stopped():
