@@ -149,7 +149,6 @@ def fit(rounds: int = 3) -> dict[str, float]:
 # --------------------------------------------------------------------------------------------------
 def row(p: Prediction) -> str:
     r = p.run
-    role = r.calibrates or ("left out" if r.left_out else "check")
     mem = f"{p.peak_gib:.0f} / {p.hbm_gib:.0f}" + ("" if p.fits else " **over**")
     if p.best is not None and p.best.tokens_per_s_per_gpu:
         gain = p.best.tokens_per_s_per_gpu / p.tokens - 1
@@ -159,7 +158,7 @@ def row(p: Prediction) -> str:
     sched = ("interleaved" if r.vp > 1 else "1F1B") + f" (gap {p.gap:.1%})"
     return (f"| {r.id} | {r.model['name']}, {r.gpus}x H100, {r.precision.upper()}, {r.layout}, "
             f"MBS {r.mbs}, GBS {r.gbs}, seq {r.seq} | {r.measured:,.0f} | {p.tokens:,.0f} | {p.error:+.1%} | "
-            f"{mem} | {sched} | {best} | {role} | {r.source}: {r.where} |")
+            f"{mem} | {sched} | {best} | {r.role} | {r.source}: {r.where} |")
 
 
 def summary(preds: list[Prediction]) -> list[str]:
@@ -202,7 +201,7 @@ COMPACT = ("| run | measured tok/s/GPU | predicted | error | peak GiB / HBM | ro
 def compact_row(p: Prediction) -> str:
     mem = f"{p.peak_gib:.0f} / {p.hbm_gib:.0f}" + ("" if p.fits else " **over**")
     return (f"| {p.run.id} | {p.run.measured:,.0f} | {p.tokens:,.0f} | {p.error:+.1%} | {mem} |"
-            f" {p.run.calibrates or ('left out' if p.run.left_out else 'check')} |")
+            f" {p.run.role} |")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -126,6 +126,11 @@ class Run:
     left_out: str = ""  # why the row cannot be reconstructed ("" = it can)
 
     @property
+    def role(self) -> str:
+        """What the row is for: the figure it calibrates, a check, or left out."""
+        return self.calibrates or ("left out" if self.left_out else "check")
+
+    @property
     def dp(self) -> int:
         return self.gpus // (self.tp * self.cp * self.pp)
 
