@@ -69,6 +69,11 @@ class Prediction:
     def fits(self) -> bool:
         return self.peak_gib <= self.hbm_gib
 
+    @property
+    def memory(self) -> str:
+        """The table's peak-against-HBM cell."""
+        return f"{self.peak_gib:.0f} / {self.hbm_gib:.0f}" + ("" if self.fits else " **over**")
+
 
 def predict(run: Run, hardware: dict[str, Any] | None = None, cluster: dict[str, Any] | None = None,
             best: bool = False) -> Prediction:
@@ -149,7 +154,6 @@ def fit(rounds: int = 3) -> dict[str, float]:
 # --------------------------------------------------------------------------------------------------
 def row(p: Prediction) -> str:
     r = p.run
-    mem = f"{p.peak_gib:.0f} / {p.hbm_gib:.0f}" + ("" if p.fits else " **over**")
     if p.best is not None and p.best.tokens_per_s_per_gpu:
         gain = p.best.tokens_per_s_per_gpu / p.tokens - 1
         best = f"{p.best_note}: {p.best.tokens_per_s_per_gpu:,.0f} ({gain:+.1%}, gap {p.best.gap:.1%})"
@@ -158,7 +162,7 @@ def row(p: Prediction) -> str:
     sched = ("interleaved" if r.vp > 1 else "1F1B") + f" (gap {p.gap:.1%})"
     return (f"| {r.id} | {r.model['name']}, {r.gpus}x H100, {r.precision.upper()}, {r.layout}, "
             f"MBS {r.mbs}, GBS {r.gbs}, seq {r.seq} | {r.measured:,.0f} | {p.tokens:,.0f} | {p.error:+.1%} | "
-            f"{mem} | {sched} | {best} | {r.role} | {r.source}: {r.where} |")
+            f"{p.memory} | {sched} | {best} | {r.role} | {r.source}: {r.where} |")
 
 
 def summary(preds: list[Prediction]) -> list[str]:
@@ -199,8 +203,7 @@ COMPACT = ("| run | measured tok/s/GPU | predicted | error | peak GiB / HBM | ro
 
 
 def compact_row(p: Prediction) -> str:
-    mem = f"{p.peak_gib:.0f} / {p.hbm_gib:.0f}" + ("" if p.fits else " **over**")
-    return (f"| {p.run.id} | {p.run.measured:,.0f} | {p.tokens:,.0f} | {p.error:+.1%} | {mem} |"
+    return (f"| {p.run.id} | {p.run.measured:,.0f} | {p.tokens:,.0f} | {p.error:+.1%} | {p.memory} |"
             f" {p.run.role} |")
 
 
