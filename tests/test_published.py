@@ -51,7 +51,17 @@ def test_the_presets_are_the_fit(run):
     assert predict(run).tokens == pytest.approx(run.measured, rel=0.01)
 
 
-@pytest.mark.parametrize("run_id", ["llama2-13b", "deepseek-v3"])
+@pytest.mark.parametrize("run_id", ["llama2-13b", "deepseek-v3", "gpt-oss-120b-gbs1280"])
 def test_check_runs_are_within_the_bench_tolerance(run_id):
     p = predict(find(run_id))
     assert not p.run.calibrates and abs(p.error) <= 0.25 and p.fits
+
+
+def test_a_left_out_run_is_printed_apart_and_counted_in_no_summary():
+    """A row whose table contradicts its recipe says so, and the checks' figures leave it out."""
+    apart, check = predict(find("qwen3-30b-a3b-vp24")), predict(find("llama2-13b"))
+    assert apart.run.left_out and apart.run.role == "left out" and not apart.run.calibrates
+    lines = summary([apart, check])
+    assert lines[0].startswith("Checks (rows not used for calibration): 1;")
+    assert lines[-1].startswith("Left out of the summary: qwen3-30b-a3b-vp24,")
+    assert [r.id for r in RUNS if r.left_out] == ["qwen3-30b-a3b-vp24"]
