@@ -13,10 +13,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeplan.planner.documents import problem_from_document  # noqa: E402
+from pipeplan.planner.documents import problem_from_document
 
-from bench.published import predict, summary  # noqa: E402
-from bench.published_runs import FIGURES, RUNS, SCHEDULE_PAIR, find  # noqa: E402
+from bench.published import predict, summary
+from bench.published_runs import FIGURES, RUNS, SCHEDULE_PAIR, find
 
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda r: r.id)
