@@ -38,6 +38,7 @@ from typing import Any
 
 from pipeplan.planner.bounds import MemoryInfeasibleError, check_memory_feasible
 from pipeplan.planner.contract import Limits, Plan, Problem, error_messages
+from pipeplan.planner.iteration import iteration_bound
 from pipeplan.planner.reuse import Reuse
 from pipeplan.planner.validator import InvalidPlanError
 from pydantic import ValidationError
@@ -98,7 +99,7 @@ def first_choice(problem: Problem, key: str, greedy_s: float = 0.5, greedy_max_s
         best = _greedy_within(problem, greedy_s, greedy_max_s)
     if best is None:
         best = evaluate(problem, serialized_schedule(problem), "serialized")
-    plan = _proven(best.plan(key, validate=False), bound)
+    plan = _proven(problem, best.plan(key, validate=False), bound)
     usual, reuse, neighbour, reuse_took = plan, None, None, 0.0
     left = min(reuse_s, deadline - time.monotonic())
     if neighbours is not None and plan.makespan_ms > bound + EPS_MS and left > 0:
@@ -107,13 +108,17 @@ def first_choice(problem: Problem, key: str, greedy_s: float = 0.5, greedy_max_s
         reuse_took = time.monotonic() - started
         # ties go to the usual plan: it needs no cache to reproduce
         if reuse is not None and reuse.plan is not None and reuse.plan.makespan_ms < plan.makespan_ms - EPS_MS:
-            plan, neighbour = _proven(reuse.plan, bound), source
+            plan, neighbour = _proven(problem, reuse.plan, bound), source
     return First(plan, usual, neighbour, reuse, reuse_took)
 
 
-def _proven(plan: Plan, bound: float) -> Plan:
-    """At its proven bound a plan is optimal now, not as a "better" revision 2."""
-    return plan.model_copy(update={"status": "optimal"}) if plan.makespan_ms <= bound + EPS_MS else plan
+def _proven(problem: Problem, plan: Plan, bound: float) -> Plan:
+    """At its proven bounds a plan is optimal now, not as a "better" revision 2: the makespan's, and
+    the iteration's it implies (planner.iteration: the solvers rank the iteration second)."""
+    iteration = plan.iteration_ms if plan.iteration_ms is not None else plan.makespan_ms
+    if plan.makespan_ms <= bound + EPS_MS and iteration <= iteration_bound(problem, bound) + EPS_MS:
+        return plan.model_copy(update={"status": "optimal"})
+    return plan
 
 
 def _reuse_within(problem: Problem, key: str, neighbours: Neighbours,

@@ -25,3 +25,18 @@ def test_first_plan_is_memory_aware_when_the_greedy_box_is_spent():
     assert_valid(problem, plan)
     serialized = inline.first_plan(problem, problem.key(), greedy_s=0.0, greedy_max_s=0.0)
     assert serialized.method == "serialized" and plan.makespan_ms < serialized.makespan_ms / 2
+
+
+def test_a_first_plan_at_the_makespan_bound_is_optimal_only_if_its_iteration_meets_its_bound():
+    """Stage 1 reduces for 6 ms after its last W: the first plan meets the makespan's bound (7 ms)
+    but its iteration (13 ms) does not meet the iteration's (7 ms), so it is not called optimal;
+    without the reduction the same plan is."""
+    def two_stages(reduce: float) -> Problem:
+        stages = [Stage(device=d, forward_ms=1, backward_input_ms=1, backward_weight_ms=1, activation_mib=1,
+                        reduce_ms=reduce if d == 1 else None) for d in range(2)]
+        return Problem(num_devices=2, num_microbatches=2, stages=stages, devices=[Device(), Device()])
+
+    tail, plain = two_stages(6.0), two_stages(0.0)
+    with_tail = inline.first_plan(tail, tail.key())
+    assert (with_tail.makespan_ms, with_tail.iteration_ms, with_tail.status) == (7.0, 13.0, "feasible")
+    assert inline.first_plan(plain, plain.key()).status == "optimal"
