@@ -74,6 +74,8 @@ class ProblemRow(Base):
     model: Mapped[str | None] = mapped_column(String(200), nullable=True)
     best_revision: Mapped[int] = mapped_column(Integer)
     best_makespan_ms: Mapped[float] = mapped_column(Float)
+    # the best plan's iteration_ms (the solvers' second criterion); NULL for plans without one
+    best_iteration_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     lower_bound_ms: Mapped[float] = mapped_column(Float)
     bubble_ratio: Mapped[float] = mapped_column(Float)
     best_status: Mapped[str] = mapped_column(String(16))

@@ -349,7 +349,8 @@ class Repository:
         with self.engine.begin() as conn:
             res = conn.execute(self._insert_ignore(ProblemRow).values(
                 key=key, problem=problem_doc, **problem_summary(problem),
-                best_revision=1, best_makespan_ms=plan.makespan_ms, lower_bound_ms=plan.lower_bound_ms,
+                best_revision=1, best_makespan_ms=plan.makespan_ms, best_iteration_ms=plan.iteration_ms,
+                lower_bound_ms=plan.lower_bound_ms,
                 bubble_ratio=plan.bubble_ratio, best_status=plan.status, best_method=plan.method,
                 first_makespan_ms=plan.makespan_ms, signature=signature(problem), created_at=now,
                 updated_at=now,
@@ -377,22 +378,24 @@ class Repository:
     def store_if_better(self, key: str, plan: Plan, problem: Problem | None = None) -> int | None:
         """Store `plan` as the next revision iff it validates and beats the stored best; atomic.
 
-        Better = shorter makespan, or the same makespan newly proven optimal. Returns the new revision,
-        or None when the stored plan is at least as good (another writer may have just won). Only a
-        shorter makespan counts as one of the job's improvements: a proof changes no schedule.
+        Better = shorter makespan; or the same makespan and a shorter iteration (the solvers' second
+        criterion, when both plans report one); or the same makespan newly proven optimal. Returns the
+        new revision, or None when the stored plan is at least as good (another writer may have just
+        won). Only a shorter makespan counts as one of the job's improvements.
         """
         problem = problem or self.get_problem(key)
         if problem is None:
             raise KeyError(key)
         _check_valid(problem, plan, key)
-        m = plan.makespan_ms
+        m, it = plan.makespan_ms, plan.iteration_ms
         now = utcnow()
-        proven = and_(ProblemRow.best_status != "optimal", ProblemRow.best_makespan_ms >= m - EPS_MS)
+        same = ProblemRow.best_makespan_ms >= m - EPS_MS  # (once a shorter makespan has not won)
+        proven = and_(ProblemRow.best_status != "optimal", same)
         with self.engine.begin() as conn:
             def take(better) -> int | None:  # each UPDATE decides atomically; the loser's WHERE no longer holds
                 return conn.execute(
                     update(ProblemRow).where(ProblemRow.key == key, better).values(
-                        best_revision=ProblemRow.best_revision + 1, best_makespan_ms=m,
+                        best_revision=ProblemRow.best_revision + 1, best_makespan_ms=m, best_iteration_ms=it,
                         lower_bound_ms=plan.lower_bound_ms, bubble_ratio=plan.bubble_ratio,
                         best_status=plan.status, best_method=plan.method, updated_at=now,
                     ).returning(ProblemRow.best_revision)
@@ -400,6 +403,8 @@ class Repository:
 
             revision = take(ProblemRow.best_makespan_ms > m + EPS_MS)
             shorter = revision is not None
+            if revision is None and it is not None:
+                revision = take(and_(same, ProblemRow.best_iteration_ms > it + EPS_MS))
             if revision is None and plan.status == "optimal":
                 revision = take(proven)
             if revision is None:

@@ -156,3 +156,38 @@ def test_0006_signs_the_stored_problems_and_keeps_every_row_both_ways(any_db_url
     finally:
         schema.downgrade(engine, "base")
         engine.dispose()
+
+
+def test_0008_fills_the_best_iteration_from_the_best_revision_and_keeps_every_row_both_ways(any_db_url):  # noqa: F811
+    """problems.best_iteration_ms (migrations/versions/0008_best_iteration.py) is read from each row's
+    best revision's plan: its iteration_ms where it has one, NULL for a plan without one or a document
+    that does not parse; revisions other than the best are not read."""
+    engine = make_engine(any_db_url, 2)
+    now = "2026-01-01 00:00:00+00:00"
+    problem = ("INSERT INTO problems (key, problem, num_devices, num_microbatches, num_stages, best_revision,"
+               " best_makespan_ms, lower_bound_ms, bubble_ratio, best_status, best_method, first_makespan_ms,"
+               " created_at, updated_at) VALUES (:k, '{}', 2, 4, 2, 2, 10.0, 8.0, 0.1, 'feasible', 'm', 10.0,"
+               " :t, :t)")
+    revision = ("INSERT INTO plan_revisions (problem_key, revision, makespan_ms, lower_bound_ms, status, method,"
+                " plan, created_at) VALUES (:k, :r, 10.0, 8.0, 'feasible', 'm', :plan, :t)")
+    best = {"a" * 64: '{"iteration_ms": 12.5}', "b" * 64: '{"makespan_ms": 10.0}', "c" * 64: "not json"}
+    count = "SELECT (SELECT count(*) FROM problems), (SELECT count(*) FROM plan_revisions)"
+    try:
+        schema.upgrade(engine, "0007")
+        with engine.begin() as conn:
+            for key, plan in best.items():
+                conn.execute(text(problem), {"k": key, "t": now})
+                conn.execute(text(revision), {"k": key, "r": 1, "plan": '{"iteration_ms": 99.0}', "t": now})
+                conn.execute(text(revision), {"k": key, "r": 2, "plan": plan, "t": now})
+        schema.upgrade(engine)
+        with engine.connect() as conn:
+            filled = dict(conn.execute(text("SELECT key, best_iteration_ms FROM problems")).all())
+            assert tuple(conn.execute(text(count)).one()) == (3, 6)
+        assert filled == {"a" * 64: 12.5, "b" * 64: None, "c" * 64: None}
+        schema.downgrade(engine, "0007")
+        assert "best_iteration_ms" not in {c["name"] for c in inspect(engine).get_columns("problems")}
+        with engine.connect() as conn:
+            assert tuple(conn.execute(text(count)).one()) == (3, 6)
+    finally:
+        schema.downgrade(engine, "base")
+        engine.dispose()

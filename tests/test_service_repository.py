@@ -187,3 +187,30 @@ def test_a_first_plan_at_its_proven_bound_is_done_optimal_without_a_run(repo):
     _, created, job = repo.store_first(problem, plan, 5.0)
     assert created and job.state == DONE and job.outcome == "optimal" and job.gap_pct == 0.0
     assert job.outcome_text == "optimal (proven)" and job.finished_at is not None
+
+
+def test_the_same_makespan_with_a_shorter_iteration_is_the_next_revision(repo):
+    """The solvers' second criterion reaches the cache: stages 2 and 3 of a 2-device loop reduce for
+    6 ms; the greedy plan and CP-SAT's share the 19-ms makespan, CP-SAT's iteration is 4 ms shorter.
+    It becomes revision 2 (not an improvement: the makespan is the same); the greedy plan again, or
+    a plan of a longer iteration, is refused."""
+    import uuid
+
+    from pipeplan.planner.baselines import run_baseline
+    from pipeplan.planner.contract import Device, Problem, Stage
+    from pipeplan.planner.solver import solve
+
+    stages = [Stage(device=k % 2, forward_ms=1, backward_input_ms=1, backward_weight_ms=1, activation_mib=1,
+                    reduce_ms=[1.0, 1.0, 6.0, 6.0][k]) for k in range(4)]
+    problem = Problem(num_devices=2, num_microbatches=3, stages=stages, metadata={"test": uuid.uuid4().hex},
+                      devices=[Device(optimizer_ms=0.5), Device(optimizer_ms=0.5)])
+    key = problem.key()
+    seed = run_baseline(problem, "greedy", key)
+    hidden = solve(problem, 20, engine="cpsat", workers=1, deterministic=True, problem_key=key).plan
+    assert seed.makespan_ms == hidden.makespan_ms and hidden.iteration_ms < seed.iteration_ms - 1.0
+    repo.store_first(problem, seed, budget_s=5.0, key=key)
+    assert repo.store_if_better(key, hidden.model_copy(update={"status": "feasible"}), problem) == 2
+    assert repo.store_if_better(key, seed, problem) is None
+    best = repo.best(key)
+    assert best.revision == 2 and best.makespan_ms == hidden.makespan_ms
+    assert repo.job(key).improvements == 0
