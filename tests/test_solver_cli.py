@@ -60,3 +60,24 @@ def test_solve_with_a_gap_says_the_budget_was_spent_and_the_gap(tmp_path):
     assert "optimal" not in line
     plan = Plan.model_validate_json((tmp_path / "plan.json").read_text())
     assert plan.status == "feasible" and plan.gap > 0
+
+
+def test_solve_reports_the_iteration_and_its_bound_when_something_follows_the_pipeline(tmp_path):
+    """Stages 2 and 3 of a 2-device loop reduce for 6 ms after their last W: the final line gives the
+    iteration beside the makespan, each with its proven bound; without a tail it says nothing more."""
+    from pipeplan.planner.contract import Device, Stage
+
+    def loop(reduce: list[float], optimizer: float) -> Problem:
+        return Problem(num_devices=2, num_microbatches=3, devices=[Device(optimizer_ms=optimizer)] * 2,
+                       stages=[Stage(device=k % 2, forward_ms=1, backward_input_ms=1, backward_weight_ms=1,
+                                     activation_mib=1, reduce_ms=reduce[k]) for k in range(4)])
+
+    (tmp_path / "p.json").write_text(loop([1.0, 1.0, 6.0, 6.0], 0.5).model_dump_json())
+    result = CliRunner().invoke(app, ["solve", str(tmp_path / "p.json"), "--time-limit", "10", "--engine", "cpsat",
+                                      "--deterministic", "--out", str(tmp_path / "plan.json")])
+    assert result.exit_code == 0, result.output
+    assert "makespan 19.0000 ms, bound 19.0000 ms; iteration 21.5000 ms, bound 20.5000 ms," in final_line(result)
+    (tmp_path / "q.json").write_text(loop([0.0] * 4, 0.0).model_dump_json())
+    result = CliRunner().invoke(app, ["solve", str(tmp_path / "q.json"), "--time-limit", "5", "--deterministic",
+                                      "--out", str(tmp_path / "plan2.json")])
+    assert result.exit_code == 0 and "iteration" not in final_line(result)

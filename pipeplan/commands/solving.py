@@ -65,8 +65,14 @@ def solve_cmd(
     # improvement count includes the seeds, so "no better plan found" is left to the service's jobs.
     verdict = describe(result.outcome, 100 * plan.gap, result.elapsed_s)
     copies = f"; per iteration it {transfers_text(plan)}" if plan.offloaded_mib or plan.recompute_ms else ""
+    # the whole iteration, where something follows the pipeline or the problem is a whole job
+    tail = (f"; iteration {plan.iteration_ms:.4f} ms, bound {plan.iteration_bound_ms:.4f} ms"
+            if plan.iteration_ms is not None and plan.iteration_bound_ms is not None
+            and (plan.iteration_ms > plan.makespan_ms + 1e-9 or plan.tokens_per_s_per_gpu) else "")
+    if tail and plan.tokens_per_s_per_gpu:
+        tail += f", {plan.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
     typer.echo(f"done in {result.elapsed_s:.2f}s: {verdict}; makespan {plan.makespan_ms:.4f} ms, bound"
-               f" {bound:.4f} ms, first plan after {result.time_to_first_s:.2f}s,"
+               f" {bound:.4f} ms{tail}, first plan after {result.time_to_first_s:.2f}s,"
                f" engine {result.engine}, seeded by {result.seed_method}{copies}", err=True)
     write_json(plan, out)
 
