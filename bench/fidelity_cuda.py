@@ -50,10 +50,11 @@ from llama_stage import block_flops, make_stage, weight_grad_bytes
 from pipeplan.client.emulated_neighbours import one_rank_schedule, predicted_rank_end, single_process_group
 from pipeplan.client.profiler import profile_stack
 from pipeplan.planner.baselines import run_baseline
-from pipeplan.planner.bounds import min_memory
 from pipeplan.planner.contract import Plan, Problem
 from pipeplan.planner.spec import HARDWARE, Hardware
 from pipeplan.planner.trace import DeviceTrace
+
+from bench.fidelity import limited
 
 MIB = float(1 << 20)
 KINDS = ("F", "B", "W", "OFFLOAD", "RELOAD")
@@ -109,14 +110,6 @@ def stage_problem(args: argparse.Namespace, groups: list[dict], hw: Hardware, el
         "stages": [{**stage, "device": d} for d in range(args.devices)],
         "devices": [{"memory_limit_mib": None} for _ in range(args.devices)],
         "metadata": {"bench": "fidelity --cuda", "width": args.width, "blocks": args.blocks, "seq": args.seq}})
-
-
-def limited(base: Problem, fraction: float) -> Problem:
-    peak, floor = run_baseline(base, "1f1b").peak_memory_mib, min_memory(base)
-    doc = base.model_dump(mode="json")
-    for d, device in enumerate(doc["devices"]):
-        device["memory_limit_mib"] = floor[d] + fraction * (peak[d] - floor[d])
-    return Problem.model_validate(doc)
 
 
 def offload_plan(problem: Problem, seconds: float) -> tuple[Plan, int]:
