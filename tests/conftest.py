@@ -1,11 +1,23 @@
-"""Tests marked `cuda` run only where torch sees a CUDA GPU; elsewhere they are skipped, saying why.
+"""Suite-wide test setup.
 
+Tests marked `cuda` run only where torch sees a CUDA GPU; elsewhere they are skipped, saying why.
 torch is imported only when a collected test carries the marker, so runs without the torch extra
-are unaffected."""
+are unaffected.
+
+Hypothesis profiles: the default run keeps a property test to a quick number of examples
+(support/examples.py) where its property is also pinned down by targeted tests;
+HYPOTHESIS_PROFILE=thorough (or pytest's own `--hypothesis-profile=thorough`) runs each of them at
+its thorough number, for a change to the code those tests cover."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
+
+settings.register_profile("thorough")  # the numbers of examples themselves: support.examples.examples
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def _cuda_missing() -> str | None:

@@ -27,7 +27,12 @@ from sqlalchemy import create_engine, text
 
 PG_BASE = os.environ.get("PIPEPLAN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_BASE = os.environ.get("PIPEPLAN_TEST_REDIS", "redis://127.0.0.1:6379")
-REDIS_TEST_DB = int(os.environ.get("PIPEPLAN_TEST_REDIS_DB", "13"))
+# one database per pytest-xdist worker (gw0: 13, gw1: 12, ...): a test that flushes its database (as a
+# Redis restart without persistence would) must not take the queues of a test running beside it
+_XDIST_INDEX = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+REDIS_TEST_DB = int(os.environ.get("PIPEPLAN_TEST_REDIS_DB", "13")) - _XDIST_INDEX
+if REDIS_TEST_DB < 1:
+    raise RuntimeError(f"too many pytest-xdist workers for one Redis database each (worker {_XDIST_INDEX})")
 REDIS_URL = f"{REDIS_BASE}/{REDIS_TEST_DB}"
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent

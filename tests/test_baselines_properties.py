@@ -22,6 +22,7 @@ from pipeplan.planner.memory import order_peak
 from pipeplan.planner.ops import Kind, Op
 from pipeplan.planner.simulator import simulate
 from pipeplan.planner.validator import validate_plan
+from support.examples import examples
 
 costs = st.floats(min_value=0.1, max_value=3.0, allow_nan=False)
 
@@ -66,7 +67,10 @@ def problems(draw) -> Problem:
     return Problem.model_validate(doc)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# every baseline is also checked on random problems in tests/planner/bounds/test_bounds.py, and each
+# one's plans, refusals and memory fit on hand-made ones in test_baselines.py: 40 examples by default
+@settings(max_examples=examples(quick=40, thorough=150), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_every_baseline_is_valid_or_explains(problem: Problem):
     key = problem.key()

@@ -23,6 +23,7 @@ import time
 from pipeplan.service.queue import RQQueue
 from pipeplan.service.reconcile import reconcile
 from rq import Queue, Worker
+from rq.exceptions import StopRequested
 
 from pipeplan.settings import Settings
 
@@ -47,6 +48,8 @@ class PipeplanWorker(Worker):
                           max_attempts=self.settings.max_attempts)
             if n:
                 log.warning("reconciler re-enqueued %d run(s)", n)
+        except StopRequested:  # SIGTERM while idle: RQ's handler raises it wherever the worker is
+            raise
         except Exception as exc:  # DB or Redis blinked: try again next tick
             log.warning("reconcile failed: %s", exc)
 
