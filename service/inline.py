@@ -38,7 +38,7 @@ from typing import Any
 
 from pipeplan.planner.bounds import MemoryInfeasibleError, check_memory_feasible
 from pipeplan.planner.contract import Limits, Plan, Problem, error_messages
-from pipeplan.planner.iteration import iteration_bound
+from pipeplan.planner.iteration import meets_bounds
 from pipeplan.planner.reuse import Reuse
 from pipeplan.planner.validator import InvalidPlanError
 from pydantic import ValidationError
@@ -115,10 +115,7 @@ def first_choice(problem: Problem, key: str, greedy_s: float = 0.5, greedy_max_s
 def _proven(problem: Problem, plan: Plan, bound: float) -> Plan:
     """At its proven bounds a plan is optimal now, not as a "better" revision 2: the makespan's, and
     the iteration's it implies (planner.iteration: the solvers rank the iteration second)."""
-    iteration = plan.iteration_ms if plan.iteration_ms is not None else plan.makespan_ms
-    if plan.makespan_ms <= bound + EPS_MS and iteration <= iteration_bound(problem, bound) + EPS_MS:
-        return plan.model_copy(update={"status": "optimal"})
-    return plan
+    return plan.model_copy(update={"status": "optimal"}) if meets_bounds(problem, plan, bound, EPS_MS) else plan
 
 
 def _reuse_within(problem: Problem, key: str, neighbours: Neighbours,

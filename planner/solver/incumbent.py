@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from ..bounds import ALL, lower_bound
 from ..contract import Plan, Problem
-from ..iteration import iteration_bound
+from ..iteration import meets_bounds
 from ..transfers import prune_plan, transfer_cost
 from ..validator import validate_plan
 
@@ -50,15 +50,9 @@ class Incumbent:
     def makespan(self) -> float:
         return self.plan.makespan_ms if self.plan else float("inf")
 
-    @property
-    def iteration(self) -> float:
-        return _iteration(self.plan) if self.plan else float("inf")
-
     def meets(self, makespan_bound: float) -> bool:
-        """Is the incumbent proven optimal by `makespan_bound`: its makespan meets it, and its
-        iteration meets the iteration bound it implies (planner.iteration.iteration_bound)?"""
-        return (self.makespan <= makespan_bound + EPS_MS
-                and self.iteration <= iteration_bound(self.problem, makespan_bound) + EPS_MS)
+        """Is the incumbent proven optimal by `makespan_bound` (planner.iteration.meets_bounds)?"""
+        return self.plan is not None and meets_bounds(self.problem, self.plan, makespan_bound, EPS_MS)
 
     def raise_bound(self, bound_ms: float) -> None:
         with self._lock:
