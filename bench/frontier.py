@@ -31,10 +31,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeplan.planner.documents import problem_from_document  # noqa: E402
-from pipeplan.planner.frontier import compute_frontier  # noqa: E402
+from pipeplan.planner.documents import problem_from_document
+from pipeplan.planner.frontier import compute_frontier
 
-from bench.model_suite import find  # noqa: E402
+from bench.model_suite import find
 
 DEFAULT_CASES = "llama2-7b-p8,qwen2.5-3b-p8-tied,llama3-8b-p8-v"
 

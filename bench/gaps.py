@@ -5,6 +5,7 @@ that M, so each row says how much of its gap is the plan and how much the bound.
     .venv/bin/python bench/gaps.py --table models.md            # the rows of a models.py table above 2%
     .venv/bin/python bench/gaps.py --only qwen3-30b --mults 1,2  # named rows, M = P and 2P
     .venv/bin/python bench/gaps.py --quick                       # one small row at M = P, short limits
+    .venv/bin/python bench/gaps.py --count models.md gaps.md     # issue 37's count from both tables
 
 The optimum is proven by CP-SAT on a *relaxation* of the row's problem: every duration rounded down
 to a grid fine enough that the model's time scale is exact (at least 1,000 ticks per shortest op),
@@ -42,7 +43,7 @@ from pipeplan.planner.solver.scaling import _TIME_SCALES
 from pipeplan.planner.validator import validate_plan
 
 from bench.common import run_forked
-from bench.models import Row, select_rows
+from bench.models import Row, gaps, select_rows
 
 TIME_FIELDS = ("forward_ms", "backward_input_ms", "backward_weight_ms", "recompute_ms", "offload_ms",
                "reload_ms")
@@ -140,16 +141,32 @@ def markdown(row: Row, m: int, r: dict[str, Any]) -> str:
 
 
 def rows_above(table: Path, percent: float) -> set[str]:
-    """Ids of a bench/models.py table's rows whose gap cell exceeds `percent`."""
-    lines = [line for line in table.read_text().splitlines() if line.startswith("| ")]
-    cols = [c.strip() for c in lines[0].strip("|").split("|")]
-    at = next(i for i, c in enumerate(cols) if c.startswith("gap @"))
+    """Ids of a bench/models.py table's rows whose gap exceeds `percent`."""
+    return {row for row, gap in gaps(table.read_text()).items() if gap > percent}
+
+
+def plans_within(tables: list[Path]) -> set[str]:
+    """Ids of rows whose plan is within PLAN_SHARE of the optimum at some reduced M, in tables this
+    script printed."""
     out = set()
-    for line in lines[1:]:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) > at and cells[at].endswith("%") and float(cells[at][:-1]) > percent:
-            out.add(cells[0])
+    for table in tables:
+        for line in table.read_text().splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("| ") and cells[-1] == "yes":
+                out.add(cells[0])
     return out
+
+
+def done_when(models_table: Path, gap_tables: list[Path]) -> str:
+    """Issue 37's count: rows within 2% of the proven bound in a bench/models.py table, and of the
+    others, those a gap table shows within 2% of the optimum at reduced M; the rest by name."""
+    g = gaps(models_table.read_text())
+    close = {row for row, gap in g.items() if gap <= PLAN_SHARE}
+    reduced = plans_within(gap_tables) & (set(g) - close)
+    rest = sorted(set(g) - close - reduced)
+    return (f"{len(close) + len(reduced)} of {len(g)} rows: {len(close)} within {PLAN_SHARE:g}% of the proven"
+            f" bound, {len(reduced)} within {PLAN_SHARE:g}% of the optimum at reduced M"
+            f" ({', '.join(sorted(reduced)) or 'none'}); open: {', '.join(rest) or 'none'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="our solve at each M (default 60, as the table)")
     ap.add_argument("--exact-seconds", type=float, default=120.0, help="CP-SAT on the relaxation (default 120)")
     ap.add_argument("--quick", action="store_true", help="qwen2.5-3b-p8-tied@50%% at M = P, 5 s / 20 s")
+    ap.add_argument("--count", nargs="+", type=Path, default=None, metavar=("MODELS_TABLE", "GAPS_TABLE"),
+                    help="measure nothing: issue 37's count from a bench/models.py table and tables this"
+                    " script printed")
     args = ap.parse_args(argv)
+    if args.count:
+        print(done_when(args.count[0], args.count[1:]))
+        return 0
     if args.quick:
         args.only, args.mults, args.seconds, args.exact_seconds = "qwen2.5-3b-p8-tied@50%", "1", 5.0, 20.0
     wanted = rows_above(args.table, args.above) if args.table else None

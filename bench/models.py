@@ -22,6 +22,7 @@ How to read the table: docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -262,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="print the condensed view (fastest fitting peer only) of a table --out wrote")
     args = ap.parse_args(argv)
     if args.condense:
-        print(condense(args.condense.read_text()))
+        table = args.condense.read_text()
+        print(condense(table))
+        print(f"\n{summary(table)}")
         return 0
     limits = sorted(float(x) for x in (args.limits or ("2,5" if args.quick else "10,60")).split(","))
     rows = list(select_rows(args.quick, args.only))
@@ -306,6 +309,31 @@ def condense(table: str) -> str:
         peer = f"{min(fitting)[1]} {min(fitting)[0]:,.0f}" if fitting else "none fits"
         out.append(f"| {cells[0]} | {cells[4]} | {peer} | " + " | ".join(cells[ours:]) + " |")
     return "\n".join(out)
+
+
+def gaps(table: str) -> dict[str, float]:
+    """Each solved row's gap (ours at the longest limit over the proven bound, percent) by id."""
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    cols = [c.strip() for c in lines[0].strip("|").split("|")]
+    at = next(i for i, c in enumerate(cols) if c.startswith("gap @"))
+    out = {}
+    for line in lines[1:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] != cols[0] and len(cells) > at and cells[at].endswith("%"):
+            out[cells[0]] = float(cells[at][:-1])
+    return out
+
+
+def summary(table: str, within: float = 2.0) -> str:
+    """The headline of a table (issue 37): how many solved rows are within `within` % of their
+    proven bound, and the geometric mean of ours / bound over all of them."""
+    g = gaps(table)
+    if not g:
+        return "no solved rows"
+    close = sum(v <= within for v in g.values())
+    geo = math.exp(sum(math.log1p(v / 100) for v in g.values()) / len(g)) - 1
+    return (f"{close} of {len(g)} solved rows within {within:g}% of the proven bound; "
+            f"geometric-mean gap {100 * geo:+.2f}%")
 
 
 def run_all(rows: list[Row], limits: list[float], jobs: int, out: Path | None) -> None:

@@ -16,7 +16,7 @@ from pipeplan.planner.baselines import best_heuristic
 from pipeplan.planner.solver.scaling import scale_for
 from pipeplan.planner.validator import validate_plan
 
-from bench.gaps import grid_scale, markdown, measure_problem, relaxed, retimed, rows_above
+from bench.gaps import HEAD, done_when, grid_scale, markdown, measure_problem, relaxed, retimed, rows_above
 from bench.model_suite import find
 from bench.models import header, rows_of
 
@@ -78,6 +78,15 @@ def test_rows_above_a_gap_are_read_from_a_models_table(tmp_path):
     table.write_text("\n".join(head + [line("a@100%", "0.5%"), line("b@70%", "2.1%"), line("c@50%", "12.0%")]))
     assert rows_above(table, 2.0) == {"b@70%", "c@50%"}
     assert rows_above(table, 5.0) == {"c@50%"}
+    # issue 37's count: within 2% at full M, or the plan within 2% of the optimum at reduced M
+    row = rows_of(find("qwen2.5-3b-p8-tied"))[2]
+    r = {"bound": 100.0, "ours": 101.5, "ours_status": "feasible", "low": None, "low_bound": None,
+         "high": 101.5, "exact_s": 3.0, "scale": 1000}
+    reduced = tmp_path / "gaps.md"
+    reduced.write_text("\n".join(HEAD + [markdown(row, 8, r).replace(row.id, "b@70%"),
+                                          markdown(row, 8, r | {"ours": 110.0}).replace(row.id, "c@50%")]))
+    assert done_when(table, [reduced]) == ("2 of 3 rows: 1 within 2% of the proven bound, 1 within 2% of the"
+                                           " optimum at reduced M (b@70%); open: c@50%")
 
 
 def test_relaxed_keeps_zero_durations():
