@@ -15,10 +15,11 @@ sys.path.insert(0, str(ROOT))
 from pipeplan.planner.baselines import best_heuristic
 from pipeplan.planner.solver.scaling import scale_for
 from pipeplan.planner.validator import validate_plan
+from support.models_table import models_table
 
 from bench.gaps import HEAD, done_when, grid_scale, markdown, measure_problem, relaxed, retimed, rows_above
 from bench.model_suite import find
-from bench.models import header, rows_of
+from bench.models import rows_of
 
 
 def awkward():
@@ -66,16 +67,8 @@ def test_the_table_splits_a_gap_into_the_plans_and_the_bounds_shares():
 
 
 def test_rows_above_a_gap_are_read_from_a_models_table(tmp_path):
-    head = header([10.0, 60.0])
-    cols = len([c for c in head[0].split("|") if c.strip()])
-
-    def line(row_id: str, gap: str) -> str:
-        cells = [row_id] + ["x"] * (cols - 1)
-        cells[cols - 3] = gap
-        return "| " + " | ".join(cells) + " |"
-
     table = tmp_path / "t.md"
-    table.write_text("\n".join(head + [line("a@100%", "0.5%"), line("b@70%", "2.1%"), line("c@50%", "12.0%")]))
+    table.write_text(models_table({"a@100%": "0.5%", "b@70%": "2.1%", "c@50%": "12.0%"}))
     assert rows_above(table, 2.0) == {"b@70%", "c@50%"}
     assert rows_above(table, 5.0) == {"c@50%"}
     # issue 37's count: within 2% at full M, or the plan within 2% of the optimum at reduced M

@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeplan.planner.baselines import NAMES, DoesNotFit, run_baseline
 from pipeplan.planner.documents import problem_from_document
+from support.models_table import models_table
 
 from bench.model_suite import SUITE, find
 from bench.models import condense, gaps, header, offloaded_mib, rows_of, summary
@@ -147,16 +148,8 @@ def test_condense_keeps_the_fastest_fitting_peer_and_ours() -> None:
 
 
 def test_summary_counts_rows_within_two_percent_and_the_geometric_mean_gap() -> None:
-    head = header([10.0, 60.0])
-    cols = len([c for c in head[0].split("|") if c.strip()])
-
-    def line(row_id: str, gap: str) -> str:
-        cells = [row_id] + ["x"] * (cols - 1)
-        cells[cols - 3] = gap
-        return "| " + " | ".join(cells) + " |"
-
-    table = "\n".join(head + [line("a@100%", "0.0%"), line("b@70%", "2.0%"), line("c@50%", "21.0%"),
-                              line("d@50%", "-")] + head[:1])  # an infeasible row; a header repeated
+    table = models_table({"a@100%": "0.0%", "b@70%": "2.0%", "c@50%": "21.0%", "d@50%": "-"})  # d: infeasible
+    table += "\n" + header([10.0, 60.0])[0]  # a header repeated (rows appended by several runs)
     assert gaps(table) == {"a@100%": 0.0, "b@70%": 2.0, "c@50%": 21.0}
     # (1.00 x 1.02 x 1.21) ** (1/3) = 1.0727
     assert summary(table) == "2 of 3 solved rows within 2% of the proven bound; geometric-mean gap +7.27%"
