@@ -149,7 +149,7 @@ class Candidate:
                "optimizer_ms": max(p.optimizer_of(i) for i in range(p.num_devices))}
         if self.plan is not None:
             out["bubble_ms"] = max(0.0, self.plan.makespan_ms - busy[d])
-            out["tail_ms"] = max(0.0, (self.plan.iteration_ms or self.plan.makespan_ms) - self.plan.makespan_ms)
+            out["tail_ms"] = max(0.0, self.plan.end_ms - self.plan.makespan_ms)
         return {k: round(v, 3) for k, v in out.items()}
 
 
@@ -372,7 +372,7 @@ def refine(result: Configurations, seconds: float, count: int | None = None,
     report = on_progress or (lambda _event: None)
     for c in result.ranked[:count if count is not None else len(result.ranked)]:
         plan = solve_fn(c.problem, c.key, c.plan, seconds)
-        better = (plan.iteration_ms or plan.makespan_ms) < (c.plan.iteration_ms or c.plan.makespan_ms) - 1e-9
+        better = plan.end_ms < c.plan.end_ms - 1e-9
         if better:
             c.plan = plan
         report({"event": "refined", "candidate": c.layout.name, "improved": better,
@@ -491,7 +491,7 @@ def candidate_document(c: Candidate, rank: int | None) -> dict[str, Any]:
         "training": {k: c.spec["training"][k] for k in ("devices", "microbatches", "placement", "chunks",
                                                        "offload", "recompute") if k in c.spec["training"]},
         "micro_batch_size": lay.mbs, "precision": lay.precision, "partition": c.spec["partition"],
-        "tokens_per_s_per_gpu": round(c.tokens, 2), "iteration_ms": round(plan.iteration_ms or plan.makespan_ms, 3),
+        "tokens_per_s_per_gpu": round(c.tokens, 2), "iteration_ms": round(plan.end_ms, 3),
         "makespan_ms": round(plan.makespan_ms, 3), "lower_bound_ms": round(plan.lower_bound_ms, 3),
         "mfu": round(plan.mfu or 0.0, 4), "peak_memory_mib": round(c.peak_mib, 1),
         "min_memory_mib": round(c.min_memory_mib, 1), "bubble_ratio": round(plan.bubble_ratio, 4),
@@ -563,7 +563,7 @@ def configurations_document(result: Configurations) -> dict[str, Any]:
         "candidates": ranked,
         "scored": [{"rank": i + 1, "name": c.layout.name, "problem_key": c.key,
                     "tokens_per_s_per_gpu": round(c.tokens, 2), "peak_memory_mib": round(c.peak_mib, 1),
-                    "iteration_ms": round(c.plan.iteration_ms or c.plan.makespan_ms, 3)}
+                    "iteration_ms": round(c.plan.end_ms, 3)}
                    for i, c in enumerate(result.scheduled)],
         "rejected_families": families(result),
         "best_spec": result.best.spec,

@@ -424,6 +424,12 @@ class Plan(BaseModel):
         default=None, description="Model FLOPs per second of iteration_ms over the GPUs' 16-bit peak.")
 
     @property
+    def end_ms(self) -> float:
+        """When the iteration ends: `iteration_ms` when something follows the pipeline (gradient
+        reductions, optimizer steps), else the makespan."""
+        return self.iteration_ms if self.iteration_ms is not None else self.makespan_ms
+
+    @property
     def gap(self) -> float:
         """Relative distance to the best known lower bound (0 = proven optimal)."""
         bound = max(self.lower_bound_ms, self.solver_bound_ms or 0.0)

@@ -61,9 +61,8 @@ def iteration_bound(problem: Problem, makespan_bound: float) -> float:
 def meets_bounds(problem: Problem, plan: Plan, makespan_bound: float, eps_ms: float = 1e-6) -> bool:
     """Is `plan` proven optimal by `makespan_bound`: its makespan meets it, and its iteration (the
     makespan where the plan reports none) meets the iteration bound it implies?"""
-    iteration = plan.iteration_ms if plan.iteration_ms is not None else plan.makespan_ms
     return (plan.makespan_ms <= makespan_bound + eps_ms
-            and iteration <= iteration_bound(problem, makespan_bound) + eps_ms)
+            and plan.end_ms <= iteration_bound(problem, makespan_bound) + eps_ms)
 
 
 def iteration_ms(problem: Problem, ops: Iterable[tuple[int, Kind, int, float, float]]) -> float:

@@ -110,14 +110,10 @@ class Incumbent:
         return True
 
 
-def _iteration(plan: Plan) -> float:
-    return plan.iteration_ms if plan.iteration_ms is not None else plan.makespan_ms
-
-
 def _shorter_tail(plan: Plan, than: Plan | None) -> bool:
     """Of two plans of one makespan: a shorter iteration, else as short and fewer transfers."""
     if than is None:
         return True
-    if abs(_iteration(plan) - _iteration(than)) > EPS_MS:
-        return _iteration(plan) < _iteration(than)
+    if abs(plan.end_ms - than.end_ms) > EPS_MS:
+        return plan.end_ms < than.end_ms
     return transfer_cost(plan) < transfer_cost(than)
