@@ -43,7 +43,7 @@ from pipeplan.planner.solver.scaling import _TIME_SCALES
 from pipeplan.planner.validator import validate_plan
 
 from bench.common import run_forked
-from bench.models import Row, gaps, select_rows
+from bench.models import Row, gaps, parse, select_rows
 
 TIME_FIELDS = ("forward_ms", "backward_input_ms", "backward_weight_ms", "recompute_ms", "offload_ms",
                "reload_ms")
@@ -148,13 +148,7 @@ def rows_above(table: Path, percent: float) -> set[str]:
 def plans_within(tables: list[Path]) -> set[str]:
     """Ids of rows whose plan is within PLAN_SHARE of the optimum at some reduced M, in tables this
     script printed."""
-    out = set()
-    for table in tables:
-        for line in table.read_text().splitlines():
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if line.startswith("| ") and cells[-1] == "yes":
-                out.add(cells[0])
-    return out
+    return {row[0] for table in tables for row in parse(table.read_text())[1] if row[-1] == "yes"}
 
 
 def done_when(models_table: Path, gap_tables: list[Path]) -> str:

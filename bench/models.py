@@ -225,13 +225,13 @@ def solved_cells(r: dict[str, Any], limits: list[float]) -> list[str]:
 
 def done_ids(out: Path, head: list[str]) -> set[str]:
     """Row ids already in `out` (resume); raises SystemExit if its header is another table's."""
-    if not out.exists() or not out.read_text().strip():
+    text = out.read_text() if out.exists() else ""
+    if not text.strip():
         return set()
-    lines = out.read_text().splitlines()
-    if lines[:2] != head:
+    if text.splitlines()[:2] != head:
         raise SystemExit(f"{out}: its header differs from this run's columns (other --limits or peers);"
                          " delete it or choose another --out")
-    return {line.split("|")[1].strip() for line in lines[2:] if line.startswith("| ")}
+    return {row[0] for row in parse(text)[1]}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -291,37 +291,41 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cells(line: str) -> list[str]:
+    """The cells of one Markdown table row."""
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def parse(table: str) -> tuple[list[str], list[list[str]]]:
+    """A Markdown table's column names and the cells of each row (separator lines and the header
+    repeated by runs appended to one file left out)."""
+    lines = [cells(line) for line in table.splitlines() if line.startswith("| ")]
+    return lines[0], [row for row in lines[1:] if row[0] != lines[0][0]]
+
+
 def condense(table: str) -> str:
     """The README's view of a full table: each row's fastest peer that fits (by name), then ours."""
-    lines = [line for line in table.splitlines() if line.startswith("| ")]  # header and rows
-    cols = [c.strip() for c in lines[0].strip("|").split("|")]
+    cols, rows = parse(table)
     first_peer, ours = cols.index(NAMES[0]), cols.index("ours: first plan")
     out = ["| case | budget | fastest fitting peer | " + " | ".join(cols[ours:]) + " |",
            "|" + "---|" * (3 + len(cols) - ours)]
-    for line in lines[1:]:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        head = cells[first_peer]
+    for row in rows:
+        head = row[first_peer]
         if head.startswith(("infeasible", "error")):
-            out.append(f"| {cells[0]} | {cells[4]} | {head} |" + " |" * (len(cols) - ours))
+            out.append(f"| {row[0]} | {row[4]} | {head} |" + " |" * (len(cols) - ours))
             continue
-        fitting = [(float(v.replace(",", "")), n) for n, v in zip(cols[first_peer:ours], cells[first_peer:ours])
+        fitting = [(float(v.replace(",", "")), n) for n, v in zip(cols[first_peer:ours], row[first_peer:ours])
                    if n not in OURS and v.replace(",", "").replace(".", "").isdigit()]
         peer = f"{min(fitting)[1]} {min(fitting)[0]:,.0f}" if fitting else "none fits"
-        out.append(f"| {cells[0]} | {cells[4]} | {peer} | " + " | ".join(cells[ours:]) + " |")
+        out.append(f"| {row[0]} | {row[4]} | {peer} | " + " | ".join(row[ours:]) + " |")
     return "\n".join(out)
 
 
 def gaps(table: str) -> dict[str, float]:
     """Each solved row's gap (ours at the longest limit over the proven bound, percent) by id."""
-    lines = [line for line in table.splitlines() if line.startswith("| ")]
-    cols = [c.strip() for c in lines[0].strip("|").split("|")]
+    cols, rows = parse(table)
     at = next(i for i, c in enumerate(cols) if c.startswith("gap @"))
-    out = {}
-    for line in lines[1:]:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells[0] != cols[0] and len(cells) > at and cells[at].endswith("%"):
-            out[cells[0]] = float(cells[at][:-1])
-    return out
+    return {row[0]: float(row[at][:-1]) for row in rows if len(row) > at and row[at].endswith("%")}
 
 
 def summary(table: str, within: float = 2.0) -> str:
