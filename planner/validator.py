@@ -18,9 +18,12 @@ from .ops import COMPUTE_KINDS, LANES, Lane, choices_from_ops, deps, duration, l
 MAX_REPORTED_PER_CHECK = 20
 
 
+TOLERANCE = 1e-6  # relative, and absolute below 1 (ms, MiB): float noise, not slack
+
+
 def close(a: float, b: float) -> bool:
-    """Equality up to float noise (1e-6 relative, 1e-6 ms absolute)."""
-    return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
+    """Equality up to float noise (TOLERANCE)."""
+    return abs(a - b) <= TOLERANCE * max(1.0, abs(a), abs(b))
 
 
 def not_before(later: float, earlier: float) -> bool:

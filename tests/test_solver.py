@@ -13,8 +13,9 @@ import time
 from itertools import pairwise
 
 import pytest
-from core_schedules import make_problem, one_f_one_b, plan_of, serialized
+from core_schedules import make_problem, one_f_one_b, plan_of, problem_doc, serialized
 from pipeplan.planner.bounds import MemoryInfeasibleError, min_memory
+from pipeplan.planner.contract import Problem
 from pipeplan.planner.ops import Kind, Op
 from pipeplan.planner.solver import cpsat, lns, solve
 from pipeplan.planner.solver.convert import plan_from_ticks, ticks_of_plan
@@ -231,3 +232,27 @@ def test_big_problems_get_late_time_windows_of_bounded_size():
 def _proven_bound(result) -> float:
     """What an "optimal" status may rest on: planner.bounds' bound or the solver's (memory) bound."""
     return max(result.lower_bound_ms, result.solver_bound_ms or 0.0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hint_of_a_plan_that_fills_memory_exactly_is_feasible(seed):
+    """Memory no unit divides rounds to the nearest unit: a plan whose peak is the limit exactly
+    (as the lean greedy seeds' are) summed a few units over the rounded cap, and CP-SAT refused it
+    as the hint. The model's cap carries half the validator's tolerance for that."""
+    rng = random.Random(seed)
+    doc = problem_doc(p=4, m=8, weight_grad_mib=rng.uniform(20, 40), static=rng.uniform(900, 1100),
+                      activation_mib=rng.uniform(90, 130), f=1.0137, b=1.2291, w=0.8113, p2p=0.0531)
+    unlimited = Problem.model_validate(doc)
+    for device, peak in zip(doc["devices"], plan_of(unlimited, one_f_one_b(unlimited)).peak_memory_mib,
+                            strict=True):
+        device["memory_limit_mib"] = peak  # every device full at its peak
+    problem = Problem.model_validate(doc)
+    plan = plan_of(problem, one_f_one_b(problem))
+    assert validate_plan(problem, plan) == []
+    scale = scale_for(problem)
+    starts, choices = ticks_of_plan(problem, plan, scale)
+    built = CpsatModel(problem, scale, max(starts.values()) + 10 * scale.time_scale, 0)
+    values = built.assignment(starts, choices)
+    assert values is not None
+    built.hint(values)
+    assert cpsat.hint_is_feasible(built, seconds=3.0)

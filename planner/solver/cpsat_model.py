@@ -28,6 +28,7 @@ from ortools.sat.python import cp_model
 from ..contract import Problem
 from ..iteration import has_tail
 from ..ops import Choice, Kind, Op
+from ..validator import TOLERANCE
 from .scaling import Scale
 
 
@@ -119,7 +120,11 @@ class CpsatModel:
         for d, pieces in self.mem.items():
             if not finite[d] or not pieces:
                 continue
-            cap = scale.m(problem.free_mib(d))
+            # half the validator's tolerance more: memory rounds to the nearest unit, so a plan that
+            # fills a device exactly (as the lean greedy seeds do) can sum a few units over the
+            # rounded cap and be refused as the hint (docs/optimizer.md); what the slack lets
+            # through, the validator still judges
+            cap = scale.m(problem.free_mib(d) + TOLERANCE / 2 * max(1.0, problem.limit_of(d)))
             m.add_cumulative([iv for iv, _ in pieces], [dem for _, dem in pieces], max(0, cap))
         # Symmetry: microbatches are interchangeable, so stage 0's forwards may be taken in order.
         for i in range(M - 1):
