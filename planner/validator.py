@@ -16,8 +16,6 @@ from .memory import TimedOp, host_memory, memory_curve, offloaded_mib, recompute
 from .ops import COMPUTE_KINDS, LANES, Lane, choices_from_ops, deps, duration, lane_of, op_of
 
 MAX_REPORTED_PER_CHECK = 20
-
-
 TOLERANCE = 1e-6  # relative, and absolute below 1 (ms, MiB): float noise, not slack
 
 
