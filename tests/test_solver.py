@@ -125,15 +125,8 @@ def test_hint_of_a_memory_tight_plan_is_feasible_without_an_exact_time_scale():
 
     problem = make_problem(p=4, m=8, limit=250.0, offload=True, recompute=True, weight_grad_mib=100.0,
                            f=1.0137, b=1.2291, w=0.8113, offload_ms=0.9173, p2p=0.0531)
-    scale = scale_for(problem)
-    assert not scale.time_exact
-    seed = best_heuristic(problem)
-    starts, choices = ticks_of_plan(problem, seed, scale)
-    built = CpsatModel(problem, scale, max(starts.values()) + 10 * scale.time_scale, 0)
-    values = built.assignment(starts, choices)
-    assert values is not None
-    built.hint(values)
-    assert cpsat.hint_is_feasible(built, seconds=5.0)
+    assert not scale_for(problem).time_exact
+    assert _is_a_feasible_hint(problem, best_heuristic(problem))
 
 
 def test_hint_of_a_plan_without_an_exact_time_scale_is_no_longer_than_the_plan():
@@ -249,10 +242,15 @@ def test_hint_of_a_plan_that_fills_memory_exactly_is_feasible(seed):
     problem = Problem.model_validate(doc)
     plan = plan_of(problem, one_f_one_b(problem))
     assert validate_plan(problem, plan) == []
+    assert _is_a_feasible_hint(problem, plan, seconds=3.0)
+
+
+def _is_a_feasible_hint(problem, plan, seconds: float = 5.0) -> bool:
+    """The whole model built around `plan`'s ticks: does CP-SAT accept them all as the hint?"""
     scale = scale_for(problem)
     starts, choices = ticks_of_plan(problem, plan, scale)
     built = CpsatModel(problem, scale, max(starts.values()) + 10 * scale.time_scale, 0)
     values = built.assignment(starts, choices)
     assert values is not None
     built.hint(values)
-    assert cpsat.hint_is_feasible(built, seconds=3.0)
+    return cpsat.hint_is_feasible(built, seconds=seconds)
