@@ -108,13 +108,7 @@ def test_a_raising_callback_does_not_stop_the_solve():
 def test_cpsat_accepts_the_heuristic_hint_as_complete_and_feasible(kw):
     problem = het(**kw)
     seed = plan_of(problem, serialized(problem) if kw["limit"] < 400 else one_f_one_b(problem))
-    scale = scale_for(problem)
-    starts, choices = ticks_of_plan(problem, seed, scale)
-    built = CpsatModel(problem, scale, max(starts.values()) + 100, 0)
-    values = built.assignment(starts, choices)
-    assert values is not None and len(values) == len(built.model.proto.variables)
-    built.hint(values)
-    assert cpsat.hint_is_feasible(built, seconds=3.0)
+    assert _is_a_feasible_hint(problem, seed, seconds=3.0)
 
 
 def test_hint_of_a_memory_tight_plan_is_feasible_without_an_exact_time_scale():
@@ -246,11 +240,12 @@ def test_hint_of_a_plan_that_fills_memory_exactly_is_feasible(seed):
 
 
 def _is_a_feasible_hint(problem, plan, seconds: float = 5.0) -> bool:
-    """The whole model built around `plan`'s ticks: does CP-SAT accept them all as the hint?"""
+    """The whole model built around `plan`'s ticks, its hint complete (a value for every variable):
+    does CP-SAT accept them all?"""
     scale = scale_for(problem)
     starts, choices = ticks_of_plan(problem, plan, scale)
     built = CpsatModel(problem, scale, max(starts.values()) + 10 * scale.time_scale, 0)
     values = built.assignment(starts, choices)
-    assert values is not None
+    assert values is not None and len(values) == len(built.model.proto.variables)
     built.hint(values)
     return cpsat.hint_is_feasible(built, seconds=seconds)
