@@ -75,7 +75,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--solve-s", type=float, default=10.0)
     p.add_argument("--limit-fraction", type=float, default=0.5,
                    help="memory limit: this far from the least feasible memory to 1F1B's peak")
-    p.add_argument("--hardware", choices=sorted(HARDWARE), default="H100-80GB")
+    p.add_argument("--hardware", choices=sorted(HARDWARE), default=None,
+                   help="the preset the plan is timed with (default: the one named after the GPU; H100-80GB on CPU)")
     p.add_argument("--rank", type=int, default=None, help="the rank to run (default: the one offloading most)")
     p.add_argument("--link-mib", type=int, default=None,
                    help="bytes per host-link measurement, MiB (default: 1024 on CUDA, 64 on CPU)")
@@ -231,6 +232,20 @@ def markdown(header: list[str], rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def preset_of(device: torch.device) -> str:
+    """The preset named after the GPU ("NVIDIA H200" -> H200-141GB; an A100 by its memory), so a run
+    on any lent card is held against its own datasheet; H100-80GB on CPU and on cards without one."""
+    if device.type != "cuda":
+        return "H100-80GB"
+    name = torch.cuda.get_device_name(device)
+    gib = torch.cuda.get_device_properties(device).total_memory / 2**30
+    for preset in sorted(HARDWARE):
+        model, _, memory = preset.partition("-")
+        if model in name and (model != "A100" or abs(gib - int(memory.removesuffix("GB"))) < 8):
+            return preset
+    return "H100-80GB"
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
@@ -248,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu":  # compute on one thread, the copy lanes on theirs (as the emulated ranks run)
         torch.set_num_threads(1)
     dtype = DTYPES[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
-    hw = HARDWARE[args.hardware]
+    hw = HARDWARE[args.hardware or preset_of(device)]
     element_size = torch.empty((), dtype=dtype).element_size()
     started = time.perf_counter()
 
