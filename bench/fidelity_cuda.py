@@ -10,10 +10,13 @@ Run:  python bench/fidelity.py --cuda --iterations 5 --json fidelity_cuda.json  
 2. Predict: a pipeline of `--devices` such stages and `--microbatches` microbatches; copies and links
    timed with the `--hardware` preset (planner.spec.HARDWARE: host link, inter-stage link), each
    device limited halfway between the least memory any plan needs and 1F1B's peak, offload allowed
-   (recompute not), solved by CP-SAT. The rank with the most offloads runs its part of the plan
-   alone, its neighbours emulated (client.emulated_neighbours: receives arrive when planned), for
-   `--iterations` traced iterations after one warm-up; then the same plan with synchronous copies;
-   then ZB-H1 (no offload) on the same rank.
+   (recompute not), solved by CP-SAT. Where the solver's plan offloads nothing (a copy outlasting a
+   microbatch's compute, as at width 4096 on an H100 or H200 at 50 GB/s, it throttles instead) the
+   copies are measured on the fastest offloading baseline that fits the same limit (PipeOffload's),
+   and the solver's plan runs too. The rank with the most offloads (not rank 0 on ties) runs its
+   part alone, its neighbours emulated (client.emulated_neighbours: receives arrive when planned),
+   for `--iterations` traced iterations after one warm-up; then the same plan with synchronous
+   copies; then ZB-H1 (no offload) on the same rank.
 3. Compare: per op kind, measured (median) vs planned duration; the rank's iteration with copy
    lanes and with synchronous copies vs `predicted_rank_end` of each, and their difference (the
    overlap the copies buy); the peak memory (CUDA: the caching allocator's high-water mark above
@@ -113,13 +116,35 @@ def stage_problem(args: argparse.Namespace, groups: list[dict], hw: Hardware, el
         "metadata": {"bench": "fidelity --cuda", "width": args.width, "blocks": args.blocks, "seq": args.seq}})
 
 
-def offload_plan(problem: Problem, seconds: float) -> tuple[Plan, int]:
-    """The solver's plan, and the rank that offloads most (the one worth running)."""
+def plans(problem: Problem, seconds: float) -> tuple[Plan, Plan, int]:
+    """The solver's plan; the plan whose copies are measured (the solver's when it offloads, else the
+    fastest offloading baseline that fits: where a copy takes longer than a microbatch's compute the
+    solver rightly throttles instead, and the copy lanes would go unmeasured); and the rank to run:
+    the one offloading most, a rank other than 0 on ties (torch runs rank 0's whole backward in W,
+    so its B and its memory between B and W differ from every other rank's)."""
     from pipeplan.planner.solver import solve
 
-    plan = solve(problem, seconds, workers=4, seed=0).plan
+    solved = solve(problem, seconds, workers=4, seed=0).plan
+    offloading = solved if _offloads(solved) else min(
+        (p for p in (_fitting(problem, name) for name in ("pipeoffload", "adaoffload")) if p and _offloads(p)),
+        key=lambda p: p.makespan_ms, default=solved)
+    counts = _offloads(offloading) or [0] * problem.num_devices
+    return solved, offloading, max(range(problem.num_devices), key=lambda d: (counts[d], d != 0, -d))
+
+
+def _offloads(plan: Plan) -> list[int]:
+    """OFFLOAD ops per device ([] when there are none)."""
     counts = [sum(p.kind == "OFFLOAD" for p in d.ops) for d in sorted(plan.devices, key=lambda d: d.device)]
-    return plan, max(range(len(counts)), key=lambda d: (counts[d], -d))
+    return counts if any(counts) else []
+
+
+def _fitting(problem: Problem, name: str) -> Plan | None:
+    from pipeplan.planner.baselines import DoesNotFit, NotApplicable
+
+    try:
+        return run_baseline(problem, name)
+    except (DoesNotFit, NotApplicable):
+        return None
 
 
 # -- 3. run -------------------------------------------------------------------------------------------
@@ -270,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     blocks, groups = profile(args, device, dtype)
     base = stage_problem(args, groups, hw, element_size)
     problem = limited(base, args.limit_fraction)
-    plan, rank = offload_plan(problem, args.solve_s)
+    solved, plan, rank = plans(problem, args.solve_s)
     rank = rank if args.rank is None else args.rank
     plain = run_baseline(base, "zb-h1")
     example = torch.zeros(1, args.seq, args.width, device=device, dtype=dtype)
@@ -278,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         lanes, lanes_peaks, late = run_rank(problem, plan, rank, blocks, example, args.iterations)
         sync, _, sync_late = run_rank(problem, plan, rank, blocks, example, args.iterations, synchronous=True)
         dense, dense_peaks, _ = run_rank(base, plain, rank, blocks, example, args.iterations)
+        own, own_peaks, own_late = (lanes, lanes_peaks, []) if solved is plan else \
+            run_rank(problem, solved, rank, blocks, example, args.iterations)
+    late += sync_late + own_late
     link = host_link_gbps(device, args.link_mib or (1024 if device.type == "cuda" else 64), args.width, dtype)
 
     rows = []
@@ -292,10 +320,16 @@ def main(argv: list[str] | None = None) -> int:
     sync_pred = predicted_rank_end(problem, plan, rank, synchronous_copies=True)
     lanes_ms = statistics.median(span(t) for t in lanes)
     sync_ms = statistics.median(span(t) for t in sync)
+    if solved is not plan:
+        rows.append(row("iteration", f"rank's iteration, the solver's plan ({solved.method}, no offload) (ms)",
+                        predicted_rank_end(problem, solved, rank), statistics.median(span(t) for t in own)))
     rows += [row("iteration", "rank's iteration, copy lanes (ms)", lanes_pred, lanes_ms),
              row("iteration", "same order, synchronous copies (ms)", sync_pred, sync_ms),
              row("iteration", "overlap: synchronous minus lanes (ms)", sync_pred - lanes_pred, sync_ms - lanes_ms)]
     peak, dense_peak = max(lanes_peaks), max(dense_peaks)
+    if solved is not plan:
+        rows.append(row("memory", f"peak, the solver's plan ({solved.method}, no offload) (MiB)",
+                        solved.peak_memory_mib[rank], max(own_peaks)))
     rows += [row("memory", "peak, the offload plan (MiB)", plan.peak_memory_mib[rank], peak),
              row("memory", "peak, ZB-H1 without offload (MiB)", plain.peak_memory_mib[rank], dense_peak),
              row("memory", "saved by offload (MiB)", plain.peak_memory_mib[rank] - plan.peak_memory_mib[rank],
@@ -319,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
          f" {args.width}, seq {args.seq}, {str(dtype).removeprefix('torch.')}, attention:"
          f" {'flash (SDPA)' if device.type == 'cuda' else 'SDPA (CPU)'}."),
         (f"Plan: {problem.num_devices} devices x {problem.num_microbatches} microbatches, {plan.method},"
-         f" memory limit {problem.devices[rank].memory_limit_mib:.0f} MiB per device; rank {rank} run alone"
+         f" memory limit {problem.devices[rank].memory_limit_mib:.0f} MiB on rank {rank}, run alone"
          f" (neighbours emulated), {sum(p.kind == 'OFFLOAD' for d in plan.devices if d.device == rank for p in d.ops)}"
          f" offloads there; {args.iterations} traced iterations per run after one warm-up. Copies and links"
          f" predicted with the {hw.name} preset (host link {hw.host_link_gbps:g} GB/s). Memory: {memory_source}."),
@@ -327,17 +361,23 @@ def main(argv: list[str] | None = None) -> int:
     if 0 in problem.stages_of(rank):
         header.append("Rank 0 holds the first stage, whose input needs no gradient: torch runs its whole"
                       " backward in W (B measures next to nothing; compare B+W).")
-    if late or sync_late:
-        header.append(f"Ran late (plan/runtime mismatch): {sorted(set(late + sync_late))}")
+    if solved is not plan:
+        header.append(f"The solver's plan ({solved.method}, {solved.makespan_ms:.1f} ms) offloads nothing: a copy"
+                      f" ({problem.stages[0].offload_ms:.1f} ms) outlasts a microbatch's compute"
+                      f" ({durations['F'] + durations['B+W']:.1f} ms), so it throttles instead; the copies are measured"
+                      f" on {plan.method}'s plan at the same limit ({plan.makespan_ms:.1f} ms).")
+    if late:
+        header.append(f"Ran late (plan/runtime mismatch): {sorted(set(late))}")
     print(markdown(header, rows))
     if args.json is not None:
         args.json.write_text(json.dumps({
             "device": device_name(device), "device_type": device.type, "torch": torch.__version__,
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "dtype": str(dtype), "hardware": hw.model_dump(), "rank": rank, "plan_method": plan.method,
-            "rows": rows, "profile": groups, "flops": flops, "host_link_gbps": link, "late": late + sync_late,
+            "solver_plan": solved.model_dump(mode="json"),
+            "rows": rows, "profile": groups, "flops": flops, "host_link_gbps": link, "late": late,
             "runs_ms": {"lanes": [span(t) for t in lanes], "synchronous": [span(t) for t in sync],
-                        "zb-h1": [span(t) for t in dense]},
+                        "zb-h1": [span(t) for t in dense], "solver": [span(t) for t in own]},
             "problem": problem.model_dump(mode="json"), "plan": plan.model_dump(mode="json"),
             "seconds": time.perf_counter() - started}, indent=2))
     return 0 if all(math.isfinite(r["measured"]) for r in rows) else 1
