@@ -5,8 +5,11 @@ replaces exactly the estimate it names, so the cost model's other fields (memory
 optimizer state, links) still apply. Timings: median of `repeats` runs after a warm-up; on CUDA
 between `torch.cuda.synchronize()` calls with CUDA events, on CPU with a monotonic clock.
 
-B and W are measured as torch's split backward computes them: B = gradients of the layer's input
-only, W = gradients of its parameters only (each its own autograd pass over the layer's graph).
+B and W are measured as torch's split backward spends them: B = the pass that computes the layer's
+input gradient (the whole chain of activation gradients through the layer), W = a full backward's
+time minus B's, i.e. the weight gradients from the activation gradients B leaves behind. A pass of
+W's own would walk that chain again: on an H200 at width 4096 it put B + W at 1.68x the backward a
+training run takes (docs/torch.md, "On a GPU").
 Saved-activation bytes = what autograd saves during the forward (saved-tensor hooks, parameters and
 the layer's input excluded, views of one tensor counted once) plus the output the next layer receives.
 """
@@ -73,14 +76,17 @@ def profile_layer(layer: nn.Module, x: torch.Tensor, *, repeats: int = 5) -> tup
         def forward() -> None:
             o = layer(x)
             holder["out"] = o[0] if isinstance(o, tuple) else o
+
+        def backward(inputs: list[torch.Tensor]) -> Callable[[], Any]:
+            return lambda: torch.autograd.grad(holder["out"], inputs, grad, retain_graph=True)
         took_f = timer(forward)
-        took_b = timer(lambda: torch.autograd.grad(holder["out"], [x], grad, retain_graph=True)) \
-            if x.requires_grad else 0.0
-        took_w = timer(lambda: torch.autograd.grad(holder["out"], params, grad)) if params else 0.0
+        took_b = timer(backward([x])) if x.requires_grad else 0.0
+        took_full = timer(backward(([x] if x.requires_grad else []) + params)) if params else took_b
         if n:  # the first run warms caches and kernels up
-            f.append(took_f), b.append(took_b), w.append(took_w)
+            f.append(took_f), b.append(took_b), w.append(took_full - took_b)  # paired: less noise
     numbers = {"forward_ms": statistics.median(f), "backward_input_ms": statistics.median(b),
-               "backward_weight_ms": statistics.median(w), "activation_mib": activation_bytes / MIB,
+               "backward_weight_ms": max(statistics.median(w), 0.0),
+               "activation_mib": activation_bytes / MIB,
                "params": float(sum(p.numel() for p in layer.parameters()))}
     return numbers, out_tensor.detach()
 

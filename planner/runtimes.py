@@ -5,6 +5,10 @@
   as planned when the plan has no offload or recompute (`exports.torch_schedule`).
 - torchtitan: as torch, when its placement (loop, or V with two stages per rank) and module split
   can express the problem (`torchtitan_args`).
+- Every runtime built on torch's `PipelineStage` (pipeplan's, torch's, torchtitan's) computes the
+  first stage's whole backward in its W (that stage's input needs no gradient, so B has nothing to
+  do): where a plan splits stage 0's backward, that stage holds its activations until W, more
+  memory there than planned when W comes late (measured on an H200: docs/torch.md, "On a GPU").
 - Megatron-LM: never the plan's op order (it runs its own schedule); it takes the partition and,
   as far as it can, the recompute choices (`megatron_args`).
 """
@@ -32,12 +36,13 @@ class RuntimeSupport:
 
 def runtime_support(problem: Problem, plan: Plan) -> tuple[list[RuntimeSupport], TorchSchedule | None]:
     """One line per runtime, and the schedule torch would run (None when torch cannot run it)."""
+    first = _first_stage_note(plan)
     out = [RuntimeSupport("pipeplan", True, True, "pipeplan.client.torch_runtime runs the compute order and"
-                          " every offload, reload and recompute where the plan puts them")]
+                          " every offload, reload and recompute where the plan puts them" + first)]
     schedule: TorchSchedule | None = None
     try:
         schedule = torch_schedule(problem, plan)
-        note = " ".join(schedule.notes) or "loads the exported CSV and runs the plan's order"
+        note = (" ".join(schedule.notes) or "loads the exported CSV and runs the plan's order") + first
         out.append(RuntimeSupport("torch", True, schedule.as_planned, note))
     except ExportRefused as exc:
         out.append(RuntimeSupport("torch", False, False, str(exc)))
@@ -48,7 +53,7 @@ def runtime_support(problem: Problem, plan: Plan) -> tuple[list[RuntimeSupport],
             raise ExportRefused("torch's runtime, which torchtitan uses, cannot run it (see torch)")
         out.append(RuntimeSupport("torchtitan", True, schedule.as_planned,
                                   f"torch's runtime with the exported CSV, placement from schedule {name}"
-                                  + ("" if schedule.as_planned else "; compute order only (see torch)")))
+                                  + ("" if schedule.as_planned else "; compute order only (see torch)") + first))
     except ExportRefused as exc:
         out.append(RuntimeSupport("torchtitan", False, False, str(exc)))
     try:
@@ -59,6 +64,14 @@ def runtime_support(problem: Problem, plan: Plan) -> tuple[list[RuntimeSupport],
     except ExportRefused as exc:
         out.append(RuntimeSupport("megatron", False, False, str(exc)))
     return out, schedule
+
+
+def _first_stage_note(plan: Plan) -> str:
+    """What torch's PipelineStage does differently on a plan that splits stage 0's backward."""
+    if not any(p.kind == "W" and p.stage == 0 for d in plan.devices for p in d.ops):
+        return ""
+    return ("; torch's PipelineStage runs stage 0's whole backward at its W, so that stage keeps its"
+            " activations from B to W (more memory than planned where W comes late)")
 
 
 def runtimes_document(problem: Problem, plan: Plan) -> dict[str, Any]:

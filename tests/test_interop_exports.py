@@ -122,6 +122,11 @@ def test_runtimes_say_per_plan_who_runs_it_as_planned():
     by = {r["runtime"]: r for r in runtimes_document(spec, run_baseline(spec, "1f1b"))["runtimes"]}
     assert by["torch"]["as_planned"] and by["torchtitan"]["as_planned"]
     assert by["megatron"]["runs"] and not by["megatron"]["as_planned"]
+    # torch's PipelineStage runs stage 0's whole backward at W: said where the plan splits it there
+    first_stage = "stage 0's whole backward at its W"
+    assert not any(first_stage in r["note"] for r in by.values())
+    by = {r["runtime"]: r for r in runtimes_document(spec, run_baseline(spec, "zb-h1"))["runtimes"]}
+    assert all(first_stage in by[name]["note"] for name in ("pipeplan", "torch", "torchtitan"))
 
 
 # -- partition and placement ------------------------------------------------------------------------
