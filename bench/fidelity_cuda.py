@@ -362,10 +362,12 @@ def main(argv: list[str] | None = None) -> int:
         header.append("Rank 0 holds the first stage, whose input needs no gradient: torch runs its whole"
                       " backward in W (B measures next to nothing; compare B+W).")
     if solved is not plan:
-        header.append(f"The solver's plan ({solved.method}, {solved.makespan_ms:.1f} ms) offloads nothing: a copy"
-                      f" ({problem.stages[0].offload_ms:.1f} ms) outlasts a microbatch's compute"
-                      f" ({durations['F'] + durations['B+W']:.1f} ms), so it throttles instead; the copies are measured"
-                      f" on {plan.method}'s plan at the same limit ({plan.makespan_ms:.1f} ms).")
+        copy_ms, compute_ms = problem.stages[0].offload_ms, durations["F"] + durations["B+W"]
+        why = (f": a copy ({copy_ms:.1f} ms) outlasts a microbatch's compute ({compute_ms:.1f} ms), so it"
+               " throttles instead" if copy_ms > compute_ms else "")
+        header.append(f"The solver's plan ({solved.method}, {solved.makespan_ms:.1f} ms) offloads nothing at"
+                      f" this limit{why}; the copies are measured on {plan.method}'s plan at the same limit"
+                      f" ({plan.makespan_ms:.1f} ms).")
     if late:
         header.append(f"Ran late (plan/runtime mismatch): {sorted(set(late))}")
     print(markdown(header, rows))

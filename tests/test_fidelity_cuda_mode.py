@@ -18,11 +18,15 @@ ROOT = Path(__file__).resolve().parent.parent
 HEADER = "| section | quantity | predicted / preset | measured | measured / predicted |"
 
 
-def test_cuda_mode_runs_on_cpu_and_prints_the_table_with_finite_figures(tmp_path):
+@pytest.mark.parametrize("fraction", [0.5, 1.0], ids=["solver-offloads", "solver-needs-no-offload"])
+def test_cuda_mode_runs_on_cpu_and_prints_the_table_with_finite_figures(tmp_path, fraction):
+    """At half the way to 1F1B's peak the solver's plan offloads; at 1F1B's peak it needs not, and the
+    copies are measured on an offloading baseline's plan while the solver's runs beside it."""
     out = tmp_path / "fidelity_cuda.json"
     result = subprocess.run(
         [sys.executable, "bench/fidelity.py", "--cuda", "--device", "cpu", "--width", "256", "--seq", "256",
-         "--blocks", "2", "--iterations", "2", "--solve-s", "3", "--json", str(out)],
+         "--blocks", "2", "--iterations", "2", "--solve-s", "3", "--limit-fraction", str(fraction),
+         "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     lines = result.stdout.splitlines()
@@ -38,6 +42,10 @@ def test_cuda_mode_runs_on_cpu_and_prints_the_table_with_finite_figures(tmp_path
         assert ("iteration", quantity) in quantities
     assert {"peak, the offload plan", "peak, ZB-H1 without offload", "saved by offload"} <= {
         q for s, q in quantities if s == "memory"}
+    solver_rows = {s for s, q in quantities if q.startswith("rank's iteration, the solver's plan")
+                   or q.startswith("peak, the solver's plan")}
+    fallback = any("offloads nothing at this limit" in line for line in lines[:4])
+    assert (solver_rows == {"iteration", "memory"}) == fallback == (fraction == 1.0)
     presets = [c[1] for c in cells if c[0] == "presets"]
     assert len(presets) == 7 and sum("host link" in q for q in presets) == 2
 
