@@ -235,8 +235,18 @@ def measured_costs(problem: Problem, traces: list[Trace]
     return costs, (statistics.median(links) if links else None), overhead
 
 
+def _backward_ran_in_w(costs: dict[str, float]) -> bool:
+    """Whether the runtime ran the stage's whole backward in W: its B measured next to nothing (at
+    most 5% of B + W). torch's PipelineStage does so on the first stage (its input needs no
+    gradient), and then the stage keeps its whole activation from B to W, not `weight_grad_mib`
+    (an H200 run: rank 0's peak 1.49x the plan's; docs/torch.md, "On a GPU")."""
+    b, w = costs.get("B"), costs.get("W")
+    return b is not None and w is not None and w > 0 and b <= 0.05 * (b + w)
+
+
 def calibrated_problem(problem: Problem, traces: list[Trace]) -> Problem:
-    """`problem` with its durations replaced by the measured medians (memory and options kept).
+    """`problem` with its durations replaced by the measured medians (options kept; memory kept but
+    for a stage whose backward ran whole in W, which holds its activation until W).
 
     Compute costs include the runtime's measured overhead per op (`measured_costs`), so the
     calibrated problem predicts the runtime as it ran, not only its kernels. Costs the traces did not
@@ -248,6 +258,8 @@ def calibrated_problem(problem: Problem, traces: list[Trace]) -> Problem:
     for k, stage in enumerate(doc["stages"]):
         for kind, value in costs[k].items():
             stage[_FIELDS[kind]] = max(value, 1e-3) if kind in ("F", "B") else max(value, 0.0)
+        if _backward_ran_in_w(costs[k]):
+            stage["weight_grad_mib"] = stage["activation_mib"]
     if link is not None:
         doc["p2p_ms"] = link
     doc["metadata"] = {**doc.get("metadata", {}), "calibrated_from": {

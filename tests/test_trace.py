@@ -89,6 +89,21 @@ def test_a_slow_stage_shows_in_the_report_and_calibration_replans_for_it():
     assert retime(calibrated, plan) == pytest.approx(trace.makespan_ms)
 
 
+def test_a_stage_whose_whole_backward_ran_in_w_keeps_its_activation_until_w():
+    """As torch's PipelineStage runs the first stage (B does nothing, W the whole backward): the
+    calibrated stage holds its activation from B to W; the stages whose B measured keep theirs."""
+    prob = problem()
+    plan = run_baseline(prob, "zb-h1")
+    doc = prob.model_dump(mode="json")
+    doc["stages"][0].update(backward_input_ms=0.01, backward_weight_ms=4.0)
+    trace = replay(Problem.model_validate(doc), plan)
+    calibrated = calibrated_problem(prob, [trace])
+    assert calibrated.stages[0].backward_weight_ms == pytest.approx(4.0)
+    assert calibrated.stages[0].weight_grad_mib == calibrated.stages[0].activation_mib == 10.0
+    assert [s.weight_grad_mib for s in calibrated.stages[1:]] == [0.0] * 3
+    assert calibrated_problem(prob, [replay(prob, plan)]).stages[0].weight_grad_mib == 0.0
+
+
 def test_link_latency_is_measured_from_waiting_consumers():
     prob = problem(p2p=1.0)
     plan = run_baseline(prob, "1f1b")
