@@ -23,8 +23,8 @@ Run:  python bench/fidelity.py --cuda --iterations 5 --json fidelity_cuda.json  
    what the iteration started with; CPU: the saved-tensor bytes the executor holds) vs the plan's
    predicted peak, with offload and without.
 4. Presets: achieved TFLOP/s of F, B and W (bench/llama_stage.py's FLOPs over the profiled times;
-   the profile times W as its own autograd pass over the block, which also walks back through the
-   layers between a weight and the output) and of F and B+W in the run (torch's split backward),
+   the profile's W is a full backward's time less B's, as torch's split backward spends it) and of
+   F and B+W in the run (torch's split backward),
    beside the preset's calibrated rate (peak x bf16_efficiency), and the host link's GB/s each way
    (pinned buffers, copies on their own stream while matrix products run on the compute stream)
    beside the preset's host_link_gbps.
@@ -337,7 +337,6 @@ def main(argv: list[str] | None = None) -> int:
     flops = {k: args.blocks * v for k, v in block_flops(args.width, args.seq).items()}
     flops["B+W"] = flops["B"] + flops["W"]
     preset_tflops = hw.peak_tflops * hw.bf16_efficiency
-    # the profile times W as its own pass over the block's graph; the run as torch's split backward
     for kind, ms, where in (("F", durations["F"], "profile"), ("B", durations["B"], "profile"),
                             ("W", durations["W"], "profile"), ("F", measured_ops["F"][1], "in the run"),
                             ("B+W", measured_ops["B+W"][1], "in the run")):
