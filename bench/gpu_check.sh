@@ -9,9 +9,9 @@
 #   2. the device tool:   run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=460)
 #      Took 85 s on one H200 (2026-11-27: wheels ~5 s, the CUDA tests 15 s, the bench ~60 s:
 #      profile, a 10-s solve, the runs, the host-link copies; a minute more where an offloading
-#      baseline's plan runs too), plus ~50 s to start the machine; the
-#      plan is timed with the preset named after the GPU (H200-141GB there). That leaves the
-#      session's 15 device minutes room for reruns; call give_back after the last.
+#      baseline's plan runs too), plus ~50 s to start the machine; the plan is timed with the
+#      preset named after the GPU (H200-141GB there). That leaves the session's 15 device minutes
+#      room for reruns; call give_back after the last.
 #   3. what comes back ($OUT): gpu_check.log (everything), pytest_cuda.log, fidelity_cuda.md (the
 #      table for docs/torch.md's "On a GPU"), fidelity_cuda.json (the same rows and the details).
 #
