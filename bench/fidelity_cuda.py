@@ -79,7 +79,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--limit-fraction", type=float, default=0.5,
                    help="memory limit: this far from the least feasible memory to 1F1B's peak")
     p.add_argument("--hardware", choices=sorted(HARDWARE), default=None,
-                   help="the preset the plan is timed with (default: the one named after the GPU; H100-80GB on CPU)")
+                   help="the preset the plan is timed with (default: the one named after the GPU;"
+                        " H100-80GB on CPU)")
     p.add_argument("--rank", type=int, default=None, help="the rank to run (default: the one offloading most)")
     p.add_argument("--link-mib", type=int, default=None,
                    help="bytes per host-link measurement, MiB (default: 1024 on CUDA, 64 on CPU)")
@@ -126,7 +127,7 @@ def plans(problem: Problem, seconds: float) -> tuple[Plan, Plan, int]:
 
     solved = solve(problem, seconds, workers=4, seed=0).plan
     offloading = solved if _offloads(solved) else min(
-        (p for p in (_fitting(problem, name) for name in ("pipeoffload", "adaoffload")) if p and _offloads(p)),
+        (p for name in ("pipeoffload", "adaoffload") if (p := _fitting(problem, name)) and _offloads(p)),
         key=lambda p: p.makespan_ms, default=solved)
     counts = _offloads(offloading) or [0] * problem.num_devices
     return solved, offloading, max(range(problem.num_devices), key=lambda d: (counts[d], d != 0, -d))
@@ -321,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     lanes_ms = statistics.median(span(t) for t in lanes)
     sync_ms = statistics.median(span(t) for t in sync)
     if solved is not plan:
-        rows.append(row("iteration", f"rank's iteration, the solver's plan ({solved.method}, no offload) (ms)",
+        rows.append(row("iteration",
+                        f"rank's iteration, the solver's plan ({solved.method}, no offload) (ms)",
                         predicted_rank_end(problem, solved, rank), statistics.median(span(t) for t in own)))
     rows += [row("iteration", "rank's iteration, copy lanes (ms)", lanes_pred, lanes_ms),
              row("iteration", "same order, synchronous copies (ms)", sync_pred, sync_ms),

@@ -15,12 +15,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from .contract import Plan, Problem
 from .exports import ExportRefused, TorchSchedule, torch_schedule
 from .megatron_args import megatron_export
+from .memory import order_peak, peak_memory
+from .simulator import schedule_from_plan, simulate
 from .torchtitan_args import module_fqns, schedule_class
 
 RUNTIMES_FORMAT = "pipeplan.runtimes/v1"
@@ -36,14 +39,15 @@ class RuntimeSupport:
 
 def runtime_support(problem: Problem, plan: Plan) -> tuple[list[RuntimeSupport], TorchSchedule | None]:
     """One line per runtime, and the schedule torch would run (None when torch cannot run it)."""
-    first = _first_stage_note(plan)
-    out = [RuntimeSupport("pipeplan", True, True, "pipeplan.client.torch_runtime runs the compute order and"
+    first, fits = _first_stage(problem, plan)
+    out = [RuntimeSupport("pipeplan", True, fits, "pipeplan.client.torch_runtime runs the compute order and"
                           " every offload, reload and recompute where the plan puts them" + first)]
     schedule: TorchSchedule | None = None
     try:
         schedule = torch_schedule(problem, plan)
-        note = (" ".join(schedule.notes) or "loads the exported CSV and runs the plan's order") + first
-        out.append(RuntimeSupport("torch", True, schedule.as_planned, note))
+        torch_first, torch_fits = _first_stage(problem, schedule.plan)  # what torch runs: no memory actions
+        note = (" ".join(schedule.notes) or "loads the exported CSV and runs the plan's order") + torch_first
+        out.append(RuntimeSupport("torch", True, schedule.as_planned and torch_fits, note))
     except ExportRefused as exc:
         out.append(RuntimeSupport("torch", False, False, str(exc)))
     try:
@@ -51,9 +55,10 @@ def runtime_support(problem: Problem, plan: Plan) -> tuple[list[RuntimeSupport],
         name = schedule_class(problem)
         if schedule is None:
             raise ExportRefused("torch's runtime, which torchtitan uses, cannot run it (see torch)")
-        out.append(RuntimeSupport("torchtitan", True, schedule.as_planned,
+        out.append(RuntimeSupport("torchtitan", True, schedule.as_planned and torch_fits,
                                   f"torch's runtime with the exported CSV, placement from schedule {name}"
-                                  + ("" if schedule.as_planned else "; compute order only (see torch)") + first))
+                                  + ("" if schedule.as_planned else "; compute order only (see torch)")
+                                  + torch_first))
     except ExportRefused as exc:
         out.append(RuntimeSupport("torchtitan", False, False, str(exc)))
     try:
@@ -66,12 +71,39 @@ def runtime_support(problem: Problem, plan: Plan) -> tuple[list[RuntimeSupport],
     return out, schedule
 
 
-def _first_stage_note(plan: Plan) -> str:
-    """What torch's PipelineStage does differently on a plan that splits stage 0's backward."""
+def first_stage_held_peak(problem: Problem, plan: Plan) -> float | None:
+    """Stage 0's device's peak memory (MiB) when that stage keeps its whole activation from B to W,
+    as torch's PipelineStage runs it; None where the plan does not split stage 0's backward."""
     if not any(p.kind == "W" and p.stage == 0 for d in plan.devices for p in d.ops):
-        return ""
+        return None
+    doc = problem.model_dump(mode="json")
+    doc["stages"][0]["weight_grad_mib"] = doc["stages"][0]["activation_mib"]
+    held = Problem.model_validate(doc)
+    schedule = schedule_from_plan(plan)
+    device, timing = problem.stages[0].device, simulate(held, schedule)
+    order = schedule.devices[device]
+    if order.d2h or order.h2d:
+        ops = [*order.compute, *order.d2h, *order.h2d]
+        return peak_memory(held, device, timing.timed(ops), timing.choices)
+    return order_peak(held, device, order.compute)
+
+
+def _first_stage(problem: Problem, plan: Plan) -> tuple[str, bool]:
+    """What torch's PipelineStage does differently on a plan that splits stage 0's backward, and
+    whether the plan still fits its memory limit when run so."""
+    held = first_stage_held_peak(problem, plan)
+    if held is None:
+        return "", True
+    device = problem.stages[0].device
+    planned, limit = plan.peak_memory_mib[device], problem.limit_of(device)
+    fits = held <= limit + 1e-6
+    if held <= planned + 1e-6:
+        effect = ", which this plan's peak already allows"
+    else:
+        effect = (f": device {device} peaks at {held:.0f} MiB, not the planned {planned:.0f}"
+                  + ("" if math.isinf(limit) else f" (limit {limit:.0f} MiB{'' if fits else ', over it'})"))
     return ("; torch's PipelineStage runs stage 0's whole backward at its W, so that stage keeps its"
-            " activations from B to W (more memory than planned where W comes late)")
+            " activations from B to W" + effect), fits
 
 
 def runtimes_document(problem: Problem, plan: Plan) -> dict[str, Any]:
@@ -90,4 +122,5 @@ def summary_lines(support: list[RuntimeSupport], brief: tuple[str, ...] = ()) ->
             + ("" if s.runtime in brief else f" — {s.note}") for s in support]
 
 
-__all__ = ["RUNTIMES_FORMAT", "RuntimeSupport", "runtime_support", "runtimes_document", "summary_lines"]
+__all__ = ["RUNTIMES_FORMAT", "RuntimeSupport", "first_stage_held_peak", "runtime_support", "runtimes_document",
+           "summary_lines"]
