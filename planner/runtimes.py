@@ -80,12 +80,12 @@ def first_stage_held_peak(problem: Problem, plan: Plan) -> float | None:
     doc["stages"][0]["weight_grad_mib"] = doc["stages"][0]["activation_mib"]
     held = Problem.model_validate(doc)
     schedule = schedule_from_plan(plan)
-    device, timing = problem.stages[0].device, simulate(held, schedule)
+    device = problem.stages[0].device
     order = schedule.devices[device]
-    if order.d2h or order.h2d:
-        ops = [*order.compute, *order.d2h, *order.h2d]
-        return peak_memory(held, device, timing.timed(ops), timing.choices)
-    return order_peak(held, device, order.compute)
+    if not (order.d2h or order.h2d):  # the order alone fixes the curve
+        return order_peak(held, device, order.compute)
+    timing = simulate(held, schedule)
+    return peak_memory(held, device, timing.timed([*order.compute, *order.d2h, *order.h2d]), timing.choices)
 
 
 def _first_stage(problem: Problem, plan: Plan) -> tuple[str, bool]:
@@ -122,5 +122,5 @@ def summary_lines(support: list[RuntimeSupport], brief: tuple[str, ...] = ()) ->
             + ("" if s.runtime in brief else f" — {s.note}") for s in support]
 
 
-__all__ = ["RUNTIMES_FORMAT", "RuntimeSupport", "first_stage_held_peak", "runtime_support", "runtimes_document",
-           "summary_lines"]
+__all__ = ["RUNTIMES_FORMAT", "RuntimeSupport", "first_stage_held_peak", "runtime_support",
+           "runtimes_document", "summary_lines"]
