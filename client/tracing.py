@@ -87,11 +87,16 @@ class OpRecorder:
                            memory_source="cuda_allocator" if self.cuda else "saved_tensors")
 
 
+RUNTIME = "pipeplan.client.torch_runtime"
+
+
 def assemble_trace(devices: list[DeviceTrace], problem_key: str, revision: int, *, iteration: int,
                    cuda: bool, emulated: bool, metadata: dict | None = None) -> Trace:
-    """One trace document from every rank's measurements."""
+    """One trace document from every rank's measurements, saying which runtime made it (its split
+    backward is torch's, which calibration needs to know: planner.fidelity.TORCH_SPLIT_RUNTIMES)."""
     devices = sorted(devices, key=lambda d: d.device)
     return Trace(problem_key=problem_key, revision=revision, iteration=iteration,
                  clock="cuda_events" if cuda else "monotonic",
                  device_kind="emulated" if emulated else ("cuda" if cuda else "cpu"),
-                 makespan_ms=measured_makespan(devices), devices=devices, metadata=metadata or {})
+                 makespan_ms=measured_makespan(devices), devices=devices,
+                 metadata={"runtime": RUNTIME, **(metadata or {})})

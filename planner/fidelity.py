@@ -235,18 +235,23 @@ def measured_costs(problem: Problem, traces: list[Trace]
     return costs, (statistics.median(links) if links else None), overhead
 
 
+# Runtimes that split the backward as torch's PipelineStage does, keeping a microbatch's saved
+# activations from its B to its W (memory.held_until_w); a trace names its runtime in
+# `metadata.runtime` (pipeplan's runtime writes its own name).
+TORCH_SPLIT_RUNTIMES = frozenset({"pipeplan.client.torch_runtime"})
+
+
 def _backward_ran_in_w(costs: dict[str, float]) -> bool:
-    """Whether the runtime ran the stage's whole backward in W: its B measured next to nothing (at
-    most 5% of B + W). torch's PipelineStage does so on the first stage (its input needs no
-    gradient), and then the stage keeps its whole activation from B to W, not `weight_grad_mib`
-    (an H200 run: rank 0's peak 1.49x the plan's; docs/torch.md, "On a GPU")."""
+    """Whether the stage's whole backward ran in W: its B measured next to nothing (at most 5% of
+    B + W), as torch runs the first stage, whose input needs no gradient."""
     b, w = costs.get("B"), costs.get("W")
     return b is not None and w is not None and w > 0 and b <= 0.05 * (b + w)
 
 
 def calibrated_problem(problem: Problem, traces: list[Trace]) -> Problem:
-    """`problem` with its durations replaced by the measured medians (options kept; memory kept but
-    for a stage whose backward ran whole in W, which holds its activation until W).
+    """`problem` with its durations replaced by the measured medians (options kept; memory kept,
+    except that a stage holds its activation from B to W where the traces came from a runtime that
+    splits the backward as torch does, or where its B measured next to nothing).
 
     Compute costs include the runtime's measured overhead per op (`measured_costs`), so the
     calibrated problem predicts the runtime as it ran, not only its kernels. Costs the traces did not
@@ -255,10 +260,11 @@ def calibrated_problem(problem: Problem, traces: list[Trace]) -> Problem:
     """
     costs, link, overhead = measured_costs(problem, traces)
     doc = problem.model_dump(mode="json")
+    torch_split = any(t.metadata.get("runtime") in TORCH_SPLIT_RUNTIMES for t in traces)
     for k, stage in enumerate(doc["stages"]):
         for kind, value in costs[k].items():
             stage[_FIELDS[kind]] = max(value, 1e-3) if kind in ("F", "B") else max(value, 0.0)
-        if _backward_ran_in_w(costs[k]):
+        if torch_split or _backward_ran_in_w(costs[k]):
             stage["weight_grad_mib"] = stage["activation_mib"]
     if link is not None:
         doc["p2p_ms"] = link

@@ -112,3 +112,14 @@ def offloaded_mib(problem: Problem, choices: dict[tuple[int, int], Choice]) -> f
 def recompute_ms(problem: Problem, choices: dict[tuple[int, int], Choice]) -> float:
     """Compute time spent recomputing forwards per iteration."""
     return sum(problem.stages[k].recompute_ms for (k, _), c in choices.items() if c.recompute)
+
+
+def held_until_w(problem: Problem) -> Problem:
+    """`problem` as torch's split backward holds memory: every stage keeps a microbatch's saved
+    activations from its B to its W (`weight_grad_mib` = `activation_mib`). torch's B computes the
+    input gradients with the autograd graph retained for W, so it frees nothing, and on the first
+    stage it does nothing at all (W runs the whole backward); docs/torch.md, "On a GPU"."""
+    doc = problem.model_dump(mode="json")
+    for stage in doc["stages"]:
+        stage["weight_grad_mib"] = stage["activation_mib"]
+    return Problem.model_validate(doc)

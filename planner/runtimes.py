@@ -5,10 +5,10 @@
   as planned when the plan has no offload or recompute (`exports.torch_schedule`).
 - torchtitan: as torch, when its placement (loop, or V with two stages per rank) and module split
   can express the problem (`torchtitan_args`).
-- Every runtime built on torch's `PipelineStage` (pipeplan's, torch's, torchtitan's) computes the
-  first stage's whole backward in its W (that stage's input needs no gradient, so B has nothing to
-  do): where a plan splits stage 0's backward, that stage holds its activations until W, more
-  memory there than planned when W comes late (measured on an H200: docs/torch.md, "On a GPU").
+- Every runtime built on torch's `PipelineStage` (pipeplan's, torch's, torchtitan's) splits the
+  backward as torch does: B computes the input gradients with the graph retained for W, so a
+  microbatch's saved activations stay until its W (on the first stage B does nothing and W runs
+  the whole backward): more memory than planned where W comes late (docs/torch.md, "On a GPU").
 - Megatron-LM: never the plan's op order (it runs its own schedule); it takes the partition and,
   as far as it can, the recompute choices (`megatron_args`).
 """
@@ -22,7 +22,7 @@ from typing import Any
 from .contract import Plan, Problem
 from .exports import ExportRefused, TorchSchedule, torch_schedule
 from .megatron_args import megatron_export
-from .memory import order_peak, peak_memory
+from .memory import held_until_w, order_peak, peak_memory
 from .simulator import schedule_from_plan, simulate
 from .torchtitan_args import module_fqns, schedule_class
 
@@ -39,14 +39,14 @@ class RuntimeSupport:
 
 def runtime_support(problem: Problem, plan: Plan) -> tuple[list[RuntimeSupport], TorchSchedule | None]:
     """One line per runtime, and the schedule torch would run (None when torch cannot run it)."""
-    first, fits = _first_stage(problem, plan)
+    held, fits = _split_backward(problem, plan)
     out = [RuntimeSupport("pipeplan", True, fits, "pipeplan.client.torch_runtime runs the compute order and"
-                          " every offload, reload and recompute where the plan puts them" + first)]
+                          " every offload, reload and recompute where the plan puts them" + held)]
     schedule: TorchSchedule | None = None
     try:
         schedule = torch_schedule(problem, plan)
-        torch_first, torch_fits = _first_stage(problem, schedule.plan)  # what torch runs: no memory actions
-        note = (" ".join(schedule.notes) or "loads the exported CSV and runs the plan's order") + torch_first
+        torch_held, torch_fits = _split_backward(problem, schedule.plan)  # torch runs no memory actions
+        note = (" ".join(schedule.notes) or "loads the exported CSV and runs the plan's order") + torch_held
         out.append(RuntimeSupport("torch", True, schedule.as_planned and torch_fits, note))
     except ExportRefused as exc:
         out.append(RuntimeSupport("torch", False, False, str(exc)))
@@ -58,7 +58,7 @@ def runtime_support(problem: Problem, plan: Plan) -> tuple[list[RuntimeSupport],
         out.append(RuntimeSupport("torchtitan", True, schedule.as_planned and torch_fits,
                                   f"torch's runtime with the exported CSV, placement from schedule {name}"
                                   + ("" if schedule.as_planned else "; compute order only (see torch)")
-                                  + torch_first))
+                                  + torch_held))
     except ExportRefused as exc:
         out.append(RuntimeSupport("torchtitan", False, False, str(exc)))
     try:
@@ -71,39 +71,38 @@ def runtime_support(problem: Problem, plan: Plan) -> tuple[list[RuntimeSupport],
     return out, schedule
 
 
-def first_stage_held_peak(problem: Problem, plan: Plan) -> float | None:
-    """Stage 0's device's peak memory (MiB) when that stage keeps its whole activation from B to W,
-    as torch's PipelineStage runs it; None where the plan does not split stage 0's backward."""
-    if not any(p.kind == "W" and p.stage == 0 for d in plan.devices for p in d.ops):
+def torch_peaks(problem: Problem, plan: Plan) -> list[float] | None:
+    """Each device's peak memory (MiB) under torch's split backward, which keeps a microbatch's
+    saved activations from its B to its W (memory.held_until_w); None where the plan splits no
+    backward (then torch holds what the plan does)."""
+    if not any(p.kind == "W" for d in plan.devices for p in d.ops):
         return None
-    doc = problem.model_dump(mode="json")
-    doc["stages"][0]["weight_grad_mib"] = doc["stages"][0]["activation_mib"]
-    held = Problem.model_validate(doc)
-    schedule = schedule_from_plan(plan)
-    device = problem.stages[0].device
-    order = schedule.devices[device]
-    if not (order.d2h or order.h2d):  # the order alone fixes the curve
-        return order_peak(held, device, order.compute)
+    held, schedule = held_until_w(problem), schedule_from_plan(plan)
+    if not any(order.d2h or order.h2d for order in schedule.devices):  # the orders fix the curves
+        return [order_peak(held, d, order.compute) for d, order in enumerate(schedule.devices)]
     timing = simulate(held, schedule)
-    return peak_memory(held, device, timing.timed([*order.compute, *order.d2h, *order.h2d]), timing.choices)
+    return [peak_memory(held, d, timing.timed([*order.compute, *order.d2h, *order.h2d]), timing.choices)
+            for d, order in enumerate(schedule.devices)]
 
 
-def _first_stage(problem: Problem, plan: Plan) -> tuple[str, bool]:
-    """What torch's PipelineStage does differently on a plan that splits stage 0's backward, and
-    whether the plan still fits its memory limit when run so."""
-    held = first_stage_held_peak(problem, plan)
-    if held is None:
+def _split_backward(problem: Problem, plan: Plan) -> tuple[str, bool]:
+    """What torch's split backward holds beyond the plan, and whether the plan still fits every
+    memory limit when run so."""
+    peaks = torch_peaks(problem, plan)
+    if peaks is None:
         return "", True
-    device = problem.stages[0].device
-    planned, limit = plan.peak_memory_mib[device], problem.limit_of(device)
-    fits = held <= limit + 1e-6
+    limits = [problem.limit_of(d) for d in range(problem.num_devices)]
+    over = [d for d in range(problem.num_devices) if peaks[d] > limits[d] + 1e-6]
+    worst = max(over or range(problem.num_devices), key=lambda d: peaks[d] - plan.peak_memory_mib[d])
+    held, planned, limit = peaks[worst], plan.peak_memory_mib[worst], limits[worst]
     if held <= planned + 1e-6:
-        effect = ", which this plan's peak already allows"
+        effect = ", which this plan's peaks already allow"
     else:
-        effect = (f": device {device} peaks at {held:.0f} MiB, not the planned {planned:.0f}"
-                  + ("" if math.isinf(limit) else f" (limit {limit:.0f} MiB{'' if fits else ', over it'})"))
-    return ("; torch's PipelineStage runs stage 0's whole backward at its W, so that stage keeps its"
-            " activations from B to W" + effect), fits
+        effect = (f": device {worst} peaks at {held:.0f} MiB, not the planned {planned:.0f}"
+                  + ("" if math.isinf(limit) else f" (limit {limit:.0f} MiB{', over it' if over else ''})")
+                  + (f"; {len(over)} device(s) over their limits" if len(over) > 1 else ""))
+    return ("; torch's split backward keeps a microbatch's saved activations from its B to its W (B"
+            " retains the graph; on the first stage W runs the whole backward)" + effect), not over
 
 
 def runtimes_document(problem: Problem, plan: Plan) -> dict[str, Any]:
@@ -122,5 +121,5 @@ def summary_lines(support: list[RuntimeSupport], brief: tuple[str, ...] = ()) ->
             + ("" if s.runtime in brief else f" — {s.note}") for s in support]
 
 
-__all__ = ["RUNTIMES_FORMAT", "RuntimeSupport", "first_stage_held_peak", "runtime_support",
+__all__ = ["RUNTIMES_FORMAT", "RuntimeSupport", "torch_peaks", "runtime_support",
            "runtimes_document", "summary_lines"]

@@ -25,7 +25,7 @@ from pipeplan.planner.exports import (
     torch_schedule,
 )
 from pipeplan.planner.megatron_args import layout_string, megatron_export
-from pipeplan.planner.runtimes import first_stage_held_peak, runtimes_document
+from pipeplan.planner.runtimes import runtimes_document, torch_peaks
 from pipeplan.planner.torchtitan_args import module_fqns, schedule_class, torchtitan_export
 from pipeplan.planner.validator import validate_plan
 from typer.testing import CliRunner
@@ -118,17 +118,17 @@ def test_runtimes_say_per_plan_who_runs_it_as_planned():
     by = {r["runtime"]: r for r in doc["runtimes"]}
     assert by["pipeplan"]["runs"] and not by["torch"]["runs"] and not by["torchtitan"]["runs"]
     assert doc["torch_microbatch_order"] is None
-    # PipeOffload's W's come late on stage 0: held from B to W as torch's PipelineStage holds them,
-    # its activations take device 0 over its limit, so not even pipeplan's runtime runs it as planned
-    held = first_stage_held_peak(problem, plan)
-    assert plan.peak_memory_mib[0] < problem.limit_of(0) < held
-    assert not by["pipeplan"]["as_planned"] and f"device 0 peaks at {held:.0f} MiB" in by["pipeplan"]["note"]
+    # PipeOffload's W's come late: held from B to W, as torch's split backward holds them, the
+    # activations take device 0 over its limit, so not even pipeplan's runtime runs it as planned
+    held = torch_peaks(problem, plan)
+    assert plan.peak_memory_mib[0] < problem.limit_of(0) < held[0]
+    assert not by["pipeplan"]["as_planned"] and f"device 0 peaks at {held[0]:.0f} MiB" in by["pipeplan"]["note"]
     spec = spec_problem()
     by = {r["runtime"]: r for r in runtimes_document(spec, run_baseline(spec, "1f1b"))["runtimes"]}
     assert by["torch"]["as_planned"] and by["torchtitan"]["as_planned"]
     assert by["megatron"]["runs"] and not by["megatron"]["as_planned"]
-    # torch's PipelineStage runs stage 0's whole backward at W: said where the plan splits it there
-    first_stage = "stage 0's whole backward at its W"
+    # torch's split backward holds activations from B to W: said where the plan splits a backward
+    first_stage = "keeps a microbatch's saved activations from its B to its W"
     assert not any(first_stage in r["note"] for r in by.values())
     by = {r["runtime"]: r for r in runtimes_document(spec, run_baseline(spec, "zb-h1"))["runtimes"]}
     assert all(first_stage in by[name]["note"] and by[name]["as_planned"]

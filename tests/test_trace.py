@@ -102,6 +102,9 @@ def test_a_stage_whose_whole_backward_ran_in_w_keeps_its_activation_until_w():
     assert calibrated.stages[0].weight_grad_mib == calibrated.stages[0].activation_mib == 10.0
     assert [s.weight_grad_mib for s in calibrated.stages[1:]] == [0.0] * 3
     assert calibrated_problem(prob, [replay(prob, plan)]).stages[0].weight_grad_mib == 0.0
+    # a trace of pipeplan's runtime: torch's split backward keeps every stage's activations until W
+    ours = replay(prob, plan).model_copy(update={"metadata": {"runtime": "pipeplan.client.torch_runtime"}})
+    assert [s.weight_grad_mib for s in calibrated_problem(prob, [ours]).stages] == [10.0] * 4
 
 
 def test_link_latency_is_measured_from_waiting_consumers():
