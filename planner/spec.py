@@ -327,6 +327,10 @@ class Training(BaseModel):
     placement: Literal["loop", "v"] = "loop"
     chunks: int | None = Field(default=None, ge=1, le=64, description="stages per device (V: 2)")
     split_backward: bool = True
+    backward_frees: Literal["at_b", "at_w"] = Field(default="at_b", description=(
+        "where a split backward frees a microbatch's activations: at_b (Zero Bubble's implementation:"
+        " B frees all but what W needs) or at_w (torch's PipelineStage, under pipeplan's runtime, torch's"
+        " and torchtitan's: B retains the graph for W)"))
     offload: bool = False
     recompute: bool = False
     memory_budget_gib: float | list[float] | None = Field(

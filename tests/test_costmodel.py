@@ -210,3 +210,19 @@ def test_random_specs_build_valid_problems_and_balanced_never_loses(
         assert all(b > a for a, b in ranges) and len(ranges) == devices * chunks
         loads[strategy] = max(s.forward_ms + s.backward_input_ms + s.backward_weight_ms for s in problem.stages)
     assert loads["balanced"] <= loads["uniform"] + 1e-3
+
+
+def test_backward_frees_at_w_plans_for_torch_s_split_backward():
+    """`training.backward_frees: at_w` (torch's PipelineStage: B retains the graph for W) keeps every
+    stage's whole activation until W; the default (Zero Bubble's) keeps only what W needs."""
+    from pipeplan.planner.baselines import run_baseline
+    from pipeplan.planner.runtimes import torch_peaks
+
+    zb = problem_from_document(llama_doc())
+    torch = problem_from_document(llama_doc(backward_frees="at_w"))
+    assert all(s.weight_grad_mib < s.activation_mib for s in zb.stages)
+    assert all(s.weight_grad_mib == s.activation_mib for s in torch.stages)
+    assert [s.activation_mib for s in torch.stages] == [s.activation_mib for s in zb.stages]
+    plan = run_baseline(torch, "zb-h2")  # W's late: what the plan counts is what torch holds
+    assert torch_peaks(torch, plan) == pytest.approx(plan.peak_memory_mib)
+    assert max(torch_peaks(zb, run_baseline(zb, "zb-h2"))) > max(run_baseline(zb, "zb-h2").peak_memory_mib)
