@@ -62,6 +62,9 @@ def spec_cmd(
         "--memory-budget-gib", help="per-GPU limit (default: the GPU's memory)")] = None,
     recompute: Annotated[bool, typer.Option("--recompute", help="let plans recompute activations")] = False,
     offload: Annotated[bool, typer.Option("--offload", help="let plans offload activations to host")] = False,
+    backward_frees: Annotated[Literal["at_b", "at_w"] | None, typer.Option(
+        "--backward-frees", help="at_w for torch's PipelineStage (pipeplan's runtime, torch, torchtitan):"
+        " a split backward frees activations at W, not B (default at_b, as Zero Bubble)")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write here instead of stdout.")] = None,
 ) -> None:
     """Write a model spec from a Hugging Face config.json.
@@ -87,7 +90,7 @@ def spec_cmd(
     model = {k: v for k, v in given.items() if v is not None}
     if name is None and not (isinstance(config, dict) and config.get("_name_or_path")):
         model["name"] = _name_from_path(path)
-    training = {k: v for k, v in (("placement", placement), ("chunks", chunks),
+    training = {k: v for k, v in (("placement", placement), ("chunks", chunks), ("backward_frees", backward_frees),
                                   ("memory_budget_gib", memory_budget_gib)) if v is not None}
     training.update({k: True for k, v in (("recompute", recompute), ("offload", offload)) if v})
     try:
