@@ -338,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += [row("memory", f"peak, {name} (MiB)", ran.peak_memory_mib[rank], measured),
                  row("memory", f"peak, {name}, held until W as torch does (MiB)",
                      (torch_peaks(prob, ran) or ran.peak_memory_mib)[rank], measured)]
-    rows.append(row("memory", "saved by offload (MiB)", plain.peak_memory_mib[rank] - plan.peak_memory_mib[rank],
-                    dense_peak - peak))
+    saved = plain.peak_memory_mib[rank] - plan.peak_memory_mib[rank]
+    rows.append(row("memory", "saved by offload (MiB)", saved, dense_peak - peak))
     flops = {k: args.blocks * v for k, v in block_flops(args.width, args.seq).items()}
     flops["B+W"] = flops["B"] + flops["W"]
     preset_tflops = hw.peak_tflops * hw.bf16_efficiency

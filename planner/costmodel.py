@@ -575,7 +575,7 @@ def build_problem(spec: Spec, partition: list[list[int]], placement: str | None 
     if layout is not None and layout.tp * layout.cp > 1:
         boundary /= layout.tp * layout.cp  # each GPU sends and checkpoints its share of the hidden state
     host_bytes_per_ms = hw.host_link_gbps * 1e9 / 1e3
-    held_until_w = t.backward_frees == "at_w"  # torch's split backward: B retains the graph for W
+    frees_at_w = t.backward_frees == "at_w"  # torch's split backward: B retains the graph for W
     stages, params_on = [], [0.0] * t.devices
     static_on, transient_on, tail_on = [0.0] * t.devices, [0.0] * t.devices, [0.0] * t.devices
     for k, (lo, hi) in enumerate(partition):
@@ -599,7 +599,7 @@ def build_problem(spec: Spec, partition: list[list[int]], placement: str | None 
             backward_input_ms=_r_pos(sum(c.backward_input_ms for c in layer)),
             backward_weight_ms=_r(sum(c.backward_weight_ms for c in layer)),
             recompute_ms=_r_pos(fwd), offload_ms=_r(max(offload, 1e-4)),
-            activation_mib=_r(act / MIB), weight_grad_mib=_r((act if held_until_w else min(wg, act)) / MIB),
+            activation_mib=_r(act / MIB), weight_grad_mib=_r((act if frees_at_w else min(wg, act)) / MIB),
             offloadable_mib=_r(act / MIB), checkpoint_mib=_r(min(ckpt, act) / MIB),
             reduce_ms=_r(reduce) if reduce else None,
         ))

@@ -295,8 +295,8 @@ def test_spec_command_writes_the_example_spec(tmp_path):
     assert "Llama-3-8B (llama), 32 blocks, 8.03 B parameters, seq_len 8192" in result.stderr
     example = json.loads((ROOT / "examples" / "specs" / "llama3_8b_8xh100_loop.json").read_text())
     assert problem_from_document(json.loads(out.read_text())).key() == problem_from_document(example).key()
-    result = runner.invoke(app, ["spec", "--from-hf", str(LLAMA3_8B.parent), "--devices", "8", "--microbatches",
-                                 "32", "--backward-frees", "at_w"])  # for torch's split backward
+    result = runner.invoke(app, ["spec", "--from-hf", str(LLAMA3_8B.parent), "--devices", "8",
+                                 "--microbatches", "32", "--backward-frees", "at_w"])  # torch's split B
     assert result.exit_code == 0 and json.loads(result.stdout)["training"]["backward_frees"] == "at_w"
 
 

@@ -122,7 +122,8 @@ def test_runtimes_say_per_plan_who_runs_it_as_planned():
     # activations take device 0 over its limit, so not even pipeplan's runtime runs it as planned
     held = torch_peaks(problem, plan)
     assert plan.peak_memory_mib[0] < problem.limit_of(0) < held[0]
-    assert not by["pipeplan"]["as_planned"] and f"device 0 peaks at {held[0]:.0f} MiB" in by["pipeplan"]["note"]
+    assert not by["pipeplan"]["as_planned"]
+    assert f"device 0 peaks at {held[0]:.0f} MiB" in by["pipeplan"]["note"]
     spec = spec_problem()
     by = {r["runtime"]: r for r in runtimes_document(spec, run_baseline(spec, "1f1b"))["runtimes"]}
     assert by["torch"]["as_planned"] and by["torchtitan"]["as_planned"]

@@ -90,8 +90,9 @@ def spec_cmd(
     model = {k: v for k, v in given.items() if v is not None}
     if name is None and not (isinstance(config, dict) and config.get("_name_or_path")):
         model["name"] = _name_from_path(path)
-    training = {k: v for k, v in (("placement", placement), ("chunks", chunks), ("backward_frees", backward_frees),
-                                  ("memory_budget_gib", memory_budget_gib)) if v is not None}
+    chosen = (("placement", placement), ("chunks", chunks), ("memory_budget_gib", memory_budget_gib),
+              ("backward_frees", backward_frees))
+    training = {k: v for k, v in chosen if v is not None}
     training.update({k: True for k, v in (("recompute", recompute), ("offload", offload)) if v})
     try:
         doc, notes = spec_document(config, gpus=devices, microbatches=microbatches, hardware=hardware,
