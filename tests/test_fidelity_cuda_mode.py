@@ -24,13 +24,13 @@ def test_cuda_mode_runs_on_cpu_and_prints_the_table_with_finite_figures(tmp_path
     copies are measured on an offloading baseline's plan while the solver's runs beside it."""
     out = tmp_path / "fidelity_cuda.json"
     result = subprocess.run(
-        [sys.executable, "bench/fidelity.py", "--cuda", "--device", "cpu", "--width", "256", "--seq", "256",
-         "--blocks", "2", "--iterations", "2", "--solve-s", "3", "--limit-fraction", str(fraction),
-         "--json", str(out)],
+        [sys.executable, "bench/fidelity.py", "--cuda", "--device", "cpu", "--width", "128", "--seq", "128",
+         "--blocks", "2", "--iterations", "1", "--repeats", "1", "--solve-s", "1", "--link-mib", "16",
+         "--limit-fraction", str(fraction), "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("**CPU") and "width 256, seq 256" in lines[0]  # labelled with the device
+    assert lines[0].startswith("**CPU") and "width 128, seq 128" in lines[0]  # labelled with the device
     table = lines[lines.index(HEADER) + 2:]
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in table if line.startswith("|")]
     assert all(len(c) == 5 for c in cells)
