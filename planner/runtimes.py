@@ -22,8 +22,8 @@ from typing import Any
 from .contract import Plan, Problem
 from .exports import ExportRefused, TorchSchedule, torch_schedule
 from .megatron_args import megatron_export
-from .memory import held_until_w, order_peak, peak_memory
-from .simulator import schedule_from_plan, simulate
+from .memory import TimedOp, held_until_w, peak_memory
+from .ops import Kind, choices_from_ops, op_of
 from .torchtitan_args import module_fqns, schedule_class
 
 RUNTIMES_FORMAT = "pipeplan.runtimes/v1"
@@ -73,16 +73,18 @@ def runtime_support(problem: Problem, plan: Plan) -> tuple[list[RuntimeSupport],
 
 def torch_peaks(problem: Problem, plan: Plan) -> list[float] | None:
     """Each device's peak memory (MiB) under torch's split backward, which keeps a microbatch's
-    saved activations from its B to its W (memory.held_until_w); None where the plan splits no
-    backward (then torch holds what the plan does)."""
-    if not any(p.kind == "W" for d in plan.devices for p in d.ops):
+    saved activations from its B to its W (memory.held_until_w), at the plan's own op times; None
+    where the plan splits no backward (then torch holds what the plan does)."""
+    ops = [op_of(p) for d in plan.devices for p in d.ops]
+    if not any(op.kind is Kind.W for op in ops):
         return None
-    held, schedule = held_until_w(problem), schedule_from_plan(plan)
-    if not any(order.d2h or order.h2d for order in schedule.devices):  # the orders fix the curves
-        return [order_peak(held, d, order.compute) for d, order in enumerate(schedule.devices)]
-    timing = simulate(held, schedule)
-    return [peak_memory(held, d, timing.timed([*order.compute, *order.d2h, *order.h2d]), timing.choices)
-            for d, order in enumerate(schedule.devices)]
+    held = held_until_w(problem)
+    choices, _ = choices_from_ops(held, ops)
+    peaks = [held.devices[d].static_mib for d in range(problem.num_devices)]
+    for dp in plan.devices:
+        timed = [TimedOp(op_of(p), p.start_ms, p.end_ms) for p in dp.ops]
+        peaks[dp.device] = peak_memory(held, dp.device, timed, choices)
+    return peaks
 
 
 def _split_backward(problem: Problem, plan: Plan) -> tuple[str, bool]:

@@ -119,11 +119,23 @@ def test_runtimes_say_per_plan_who_runs_it_as_planned():
     assert by["pipeplan"]["runs"] and not by["torch"]["runs"] and not by["torchtitan"]["runs"]
     assert doc["torch_microbatch_order"] is None
     # PipeOffload's W's come late: held from B to W, as torch's split backward holds them, the
-    # activations take device 0 over its limit, so not even pipeplan's runtime runs it as planned
+    # activations take devices 1 and 2 over their limits (device 2: 200 MiB, planned 100, limit 160)
     held = torch_peaks(problem, plan)
-    assert plan.peak_memory_mib[0] < problem.limit_of(0) < held[0]
-    assert not by["pipeplan"]["as_planned"]
-    assert f"device 0 peaks at {held[0]:.0f} MiB" in by["pipeplan"]["note"]
+    over = [d for d in range(4) if held[d] > problem.limit_of(d) + 1e-6]
+    assert over == [1, 2] and not by["pipeplan"]["as_planned"]
+    assert (f"device 2 peaks at {held[2]:.0f} MiB, not the planned {plan.peak_memory_mib[2]:.0f}"
+            f" (limit {problem.limit_of(2):.0f} MiB, over it); 2 device(s) over") in by["pipeplan"]["note"]
+    # ZB-H2 at exactly its own peaks: its late W's take 3 of 4 devices over their limits under torch
+    doc = problem_doc(p=4, m=8, weight_grad_mib=20.0)
+    peaks = run_baseline(Problem.model_validate(doc), "zb-h2").peak_memory_mib
+    for device, limit in zip(doc["devices"], peaks):
+        device["memory_limit_mib"] = limit
+    tight = Problem.model_validate(doc)
+    zb_h2 = run_baseline(tight, "zb-h2")
+    assert sum(h > limit + 1e-6 for h, limit in zip(torch_peaks(tight, zb_h2), peaks)) == 3
+    by = {r["runtime"]: r for r in runtimes_document(tight, zb_h2)["runtimes"]}
+    assert not by["pipeplan"]["as_planned"] and not by["torch"]["as_planned"]
+    assert "3 device(s) over their limits" in by["torch"]["note"]
     spec = spec_problem()
     by = {r["runtime"]: r for r in runtimes_document(spec, run_baseline(spec, "1f1b"))["runtimes"]}
     assert by["torch"]["as_planned"] and by["torchtitan"]["as_planned"]
