@@ -124,7 +124,7 @@ def plans(problem: Problem, seconds: float) -> tuple[Plan, Plan, int]:
     fastest offloading baseline that fits: where a copy takes longer than a microbatch's compute the
     solver rightly throttles instead, and the copy lanes would go unmeasured); and the rank to run:
     the one offloading most, a rank other than 0 on ties (torch runs rank 0's whole backward in W,
-    so its B and its memory between B and W differ from every other rank's)."""
+    so its B measures nothing and its op times say less)."""
     from pipeplan.planner.solver import solve
 
     solved = solve(problem, seconds, workers=4, seed=0).plan

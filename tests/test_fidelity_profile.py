@@ -52,7 +52,6 @@ def test_profile_names_a_factory_it_cannot_load(tmp_path):
     assert result.exit_code == 2 and "cannot load" in result.output
 
 
-
 def test_profiled_backward_is_the_backward_a_training_step_takes(monkeypatch):
     """B + W is one backward's work (torch's split backward computes each activation gradient once,
     in B, and W only the weight gradients), not B plus a weight pass of its own that walks the

@@ -141,10 +141,10 @@ def test_runtimes_say_per_plan_who_runs_it_as_planned():
     assert by["torch"]["as_planned"] and by["torchtitan"]["as_planned"]
     assert by["megatron"]["runs"] and not by["megatron"]["as_planned"]
     # torch's split backward holds activations from B to W: said where the plan splits a backward
-    first_stage = "keeps a microbatch's saved activations from its B to its W"
-    assert not any(first_stage in r["note"] for r in by.values())
+    held_note = "keeps a microbatch's saved activations from its B to its W"
+    assert not any(held_note in r["note"] for r in by.values())
     by = {r["runtime"]: r for r in runtimes_document(spec, run_baseline(spec, "zb-h1"))["runtimes"]}
-    assert all(first_stage in by[name]["note"] and by[name]["as_planned"]
+    assert all(held_note in by[name]["note"] and by[name]["as_planned"]
                for name in ("pipeplan", "torch", "torchtitan"))
 
 
