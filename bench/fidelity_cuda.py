@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
          f" {'flash (SDPA)' if device.type == 'cuda' else 'SDPA (CPU)'}."),
         (f"Plan: {problem.num_devices} devices x {problem.num_microbatches} microbatches, {plan.method},"
          f" memory limit {problem.devices[rank].memory_limit_mib:.0f} MiB on rank {rank}, run alone"
-         f" (neighbours emulated), {sum(p.kind == 'OFFLOAD' for d in plan.devices if d.device == rank for p in d.ops)}"
+         f" (neighbours emulated), {(_offloads(plan) or [0] * problem.num_devices)[rank]}"
          f" offloads there; {args.iterations} traced iterations per run after one warm-up. Copies and links"
          f" predicted with the {hw.name} preset (host link {hw.host_link_gbps:g} GB/s). Memory: {memory_source}."),
     ]

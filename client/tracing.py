@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from pipeplan.planner.trace import DeviceTrace, Trace, TraceOp, measured_makespan
+from pipeplan.planner.trace import PIPEPLAN_RUNTIME, DeviceTrace, Trace, TraceOp, measured_makespan
 
 MIB = float(1 << 20)
 
@@ -87,16 +87,13 @@ class OpRecorder:
                            memory_source="cuda_allocator" if self.cuda else "saved_tensors")
 
 
-RUNTIME = "pipeplan.client.torch_runtime"
-
-
 def assemble_trace(devices: list[DeviceTrace], problem_key: str, revision: int, *, iteration: int,
                    cuda: bool, emulated: bool, metadata: dict | None = None) -> Trace:
     """One trace document from every rank's measurements, saying which runtime made it (its split
-    backward is torch's, which calibration needs to know: planner.fidelity.TORCH_SPLIT_RUNTIMES)."""
+    backward is torch's, which calibration needs to know)."""
     devices = sorted(devices, key=lambda d: d.device)
     return Trace(problem_key=problem_key, revision=revision, iteration=iteration,
                  clock="cuda_events" if cuda else "monotonic",
                  device_kind="emulated" if emulated else ("cuda" if cuda else "cpu"),
                  makespan_ms=measured_makespan(devices), devices=devices,
-                 metadata={"runtime": RUNTIME, **(metadata or {})})
+                 metadata={"runtime": PIPEPLAN_RUNTIME, **(metadata or {})})

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .contract import Plan, Problem
+from .memory import held_until_w
 from .ops import COMPUTE_KINDS, Kind, Op, choices_from_ops, deps, lane_of
-from .trace import Trace, TraceOp
+from .trace import PIPEPLAN_RUNTIME, Trace, TraceOp
 
 # a wait this much longer than every dependency explains is runtime overhead, not the plan's doing
 SLACK_MS = 0.05
@@ -235,12 +236,6 @@ def measured_costs(problem: Problem, traces: list[Trace]
     return costs, (statistics.median(links) if links else None), overhead
 
 
-# Runtimes that split the backward as torch's PipelineStage does, keeping a microbatch's saved
-# activations from its B to its W (memory.held_until_w); a trace names its runtime in
-# `metadata.runtime` (pipeplan's runtime writes its own name).
-TORCH_SPLIT_RUNTIMES = frozenset({"pipeplan.client.torch_runtime"})
-
-
 def _backward_ran_in_w(costs: dict[str, float]) -> bool:
     """Whether the stage's whole backward ran in W: its B measured next to nothing (at most 5% of
     B + W), as torch runs the first stage, whose input needs no gradient."""
@@ -250,8 +245,9 @@ def _backward_ran_in_w(costs: dict[str, float]) -> bool:
 
 def calibrated_problem(problem: Problem, traces: list[Trace]) -> Problem:
     """`problem` with its durations replaced by the measured medians (options kept; memory kept,
-    except that a stage holds its activation from B to W where the traces came from a runtime that
-    splits the backward as torch does, or where its B measured next to nothing).
+    except that stages hold their activations from B to W where the traces came from pipeplan's
+    runtime, whose split backward is torch's (memory.held_until_w), or where a stage's B measured
+    next to nothing).
 
     Compute costs include the runtime's measured overhead per op (`measured_costs`), so the
     calibrated problem predicts the runtime as it ran, not only its kernels. Costs the traces did not
@@ -260,18 +256,19 @@ def calibrated_problem(problem: Problem, traces: list[Trace]) -> Problem:
     """
     costs, link, overhead = measured_costs(problem, traces)
     doc = problem.model_dump(mode="json")
-    torch_split = any(t.metadata.get("runtime") in TORCH_SPLIT_RUNTIMES for t in traces)
     for k, stage in enumerate(doc["stages"]):
         for kind, value in costs[k].items():
             stage[_FIELDS[kind]] = max(value, 1e-3) if kind in ("F", "B") else max(value, 0.0)
-        if torch_split or _backward_ran_in_w(costs[k]):
+        if _backward_ran_in_w(costs[k]):
             stage["weight_grad_mib"] = stage["activation_mib"]
     if link is not None:
         doc["p2p_ms"] = link
     doc["metadata"] = {**doc.get("metadata", {}), "calibrated_from": {
         "problem_key": problem.key(), "traces": len(traces),
         "revisions": sorted({t.revision for t in traces}), "runtime_overhead_ms": overhead}}
-    return Problem.model_validate(doc)
+    calibrated = Problem.model_validate(doc)
+    torch_split = any(t.metadata.get("runtime") == PIPEPLAN_RUNTIME for t in traces)
+    return held_until_w(calibrated) if torch_split else calibrated
 
 
 def retime(problem: Problem, plan: Plan) -> float:

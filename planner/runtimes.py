@@ -45,7 +45,9 @@ def runtime_support(problem: Problem, plan: Plan) -> tuple[list[RuntimeSupport],
     schedule: TorchSchedule | None = None
     try:
         schedule = torch_schedule(problem, plan)
-        torch_held, torch_fits = _split_backward(problem, schedule.plan)  # torch runs no memory actions
+        # torch runs no memory actions: where the plan has none, torch's hold is pipeplan's
+        torch_held, torch_fits = (held, fits) if not schedule.left_out else \
+            _split_backward(problem, schedule.plan)
         note = (" ".join(schedule.notes) or "loads the exported CSV and runs the plan's order") + torch_held
         out.append(RuntimeSupport("torch", True, schedule.as_planned and torch_fits, note))
     except ExportRefused as exc:

@@ -17,6 +17,9 @@ from .contract import Plan, Problem, check_metadata
 TRACE_FORMAT = "pipeplan.trace/v1"
 PLAN_KINDS = ("F", "B", "W", "BW", "OFFLOAD", "RELOAD", "RECOMPUTE")
 COMM_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
+# What pipeplan's runtime writes in a trace's `metadata.runtime`: its split backward is torch's
+# (planner.fidelity.calibrated_problem reads it)
+PIPEPLAN_RUNTIME = "pipeplan.client.torch_runtime"
 
 # Times are clock readings in ms: a monotonic clock counts from boot (3e10 ms after a year up), CUDA
 # events from the first one. Nothing larger is a reading, and differences of larger values lose every

@@ -9,7 +9,7 @@ from pipeplan.planner.baselines import run_baseline
 from pipeplan.planner.contract import Problem
 from pipeplan.planner.exports import chrome_trace_compared
 from pipeplan.planner.fidelity import calibrated_problem, fidelity, retime, synchronous_copies_makespan
-from pipeplan.planner.trace import Trace, check_trace
+from pipeplan.planner.trace import PIPEPLAN_RUNTIME, Trace, check_trace
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
@@ -103,7 +103,7 @@ def test_a_stage_whose_whole_backward_ran_in_w_keeps_its_activation_until_w():
     assert [s.weight_grad_mib for s in calibrated.stages[1:]] == [0.0] * 3
     assert calibrated_problem(prob, [replay(prob, plan)]).stages[0].weight_grad_mib == 0.0
     # a trace of pipeplan's runtime: torch's split backward keeps every stage's activations until W
-    ours = replay(prob, plan).model_copy(update={"metadata": {"runtime": "pipeplan.client.torch_runtime"}})
+    ours = replay(prob, plan).model_copy(update={"metadata": {"runtime": PIPEPLAN_RUNTIME}})
     assert [s.weight_grad_mib for s in calibrated_problem(prob, [ours]).stages] == [10.0] * 4
 
 
