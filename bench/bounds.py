@@ -4,11 +4,14 @@
     .venv/bin/python bench/bounds.py --seed 7 --problems 200
     .venv/bin/python bench/bounds.py --family uneven --seed 1 --problems 300
     .venv/bin/python bench/bounds.py --family copies --seed 1 --problems 300
+    .venv/bin/python bench/bounds.py --family one_at_a_time --seed 1 --problems 120
 
 Random small problems (2-4 devices, 2-5 microbatches, 1-2 chunks, split or not, offload and
 recompute on or off, limits 1-2x the least memory; `--family uneven`: forwards that differ by stage,
 no memory limit, where the arrival argument binds; `--family copies`: two stages per device, copies
-slower than forwards, a heavy last stage, where the several-stage warm-up binds), each solved by
+slower than forwards, a heavy last stage, where the several-stage warm-up binds; `--family
+one_at_a_time`: one stage per device, some holding one activation at a time, where the backward
+stretches bind), each solved by
 CP-SAT *blind* to every planner.bounds argument but the memory-free one: the solver normally gives
 the bounds to the model as the makespan's floor and calls a plan meeting them optimal, so an oracle
 that knew them could not catch them being too high. Every proven optimum is compared with every
@@ -27,7 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from core_schedules import problem_doc, slow_copies_chunked, uneven_forwards  # the tests' builders
+from core_schedules import (  # the tests' builders
+    one_activation_at_a_time, problem_doc, slow_copies_chunked, uneven_forwards)
 from pipeplan.planner.bounds import ALL, ARGUMENTS, min_memory, prove
 from pipeplan.planner.contract import Problem
 from pipeplan.planner.solver import solve
@@ -45,7 +49,8 @@ def random_problem(rng: random.Random) -> Problem:
     return Problem.model_validate(doc)
 
 
-FAMILIES = {"memory": random_problem, "uneven": uneven_forwards, "copies": slow_copies_chunked}
+FAMILIES = {"memory": random_problem, "uneven": uneven_forwards, "copies": slow_copies_chunked,
+            "one_at_a_time": one_activation_at_a_time}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--problems", type=int, default=150)
     ap.add_argument("--seconds", type=float, default=5.0, help="CP-SAT time per problem")
     ap.add_argument("--family", choices=tuple(FAMILIES), default="memory",
-                    help="memory limits and treatments (default), uneven forwards without limits, or"
-                         " slow copies with two stages per device")
+                    help="memory limits and treatments (default), uneven forwards without limits,"
+                         " slow copies with two stages per device, or one activation at a time")
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     build = FAMILIES[args.family]

@@ -76,6 +76,23 @@ def slow_copies_chunked(rng: random.Random) -> Problem:
     return at_least_memory_times(doc, [rng.choice([1.0, 1.2, 1.5, 2.0]) for _ in range(p)])
 
 
+def one_activation_at_a_time(rng: random.Random) -> Problem:
+    """A small random problem with one stage per device, some devices holding one activation at a
+    time beside checkpoints or weight gradients, recompute and offload on or off: where every
+    schedule recomputes or copies most microbatches there (planner/bounds/backward_stretches.py's
+    family)."""
+    p = rng.choice([2, 3, 4])
+    doc = problem_doc(p, rng.choice([3, 4, 5, 6]), split=rng.random() < 0.8, offload=rng.random() < 0.5,
+                      recompute=rng.random() < 0.8, w=rng.choice([0.5, 1.0]), p2p=rng.choice([0.0, 0.1]),
+                      weight_grad_mib=rng.choice([0.0, 40.0, 80.0]), checkpoint_mib=rng.choice([0.0, 5.0]),
+                      offload_ms=rng.choice([0.5, 1.0, 2.0]))
+    for stage_doc in doc["stages"]:
+        stage_doc["forward_ms"] = rng.choice([0.5, 1.0, 1.5])
+        stage_doc["recompute_ms"] = stage_doc["forward_ms"] * rng.choice([0.5, 1.0])
+    shares = [rng.choice([1.0, 1.2, 1.5]) if rng.random() < 0.6 else 3.0 for _ in range(p)]
+    return at_least_memory_times(doc, shares)
+
+
 def at_least_memory_times(doc: dict, shares: list[float]) -> Problem:
     """`doc` validated with device d's memory limit at shares[d] x the least it needs (min_memory)."""
     need = min_memory(Problem.model_validate(doc))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..contract import Problem
 from .arrivals import arrival_bound
+from .backward_stretches import backward_stretches_bound
 from .cool_down import cool_down_bound
 from .forward_count import forward_count_bound
 from .memory_free import memory_free_bound
@@ -41,7 +42,10 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("forward_count", forward_count_bound, False, "forwards before the first free; the drain; W's"),
     Argument("occupancy", occupancy_bound, False, "memory x time is a budget (Little's law)"),
     Argument("pairwise_exclusion", pairwise_exclusion_bound, False, "residency that cannot coexist"),
-    Argument("cool_down", cool_down_bound, False, "memory x time less what the warm-up and cool-down leave unused"),
+    Argument("cool_down", cool_down_bound, False,
+             "memory x time less what the warm-up and cool-down leave unused"),
+    Argument("backward_stretches", backward_stretches_bound, False,
+             "one activation at a time: every stretch but one after the first backward"),
 )
 BY_NAME = {a.name: a for a in ARGUMENTS}
 ALL = frozenset(BY_NAME)

@@ -6,7 +6,9 @@ import pytest
 from core_schedules import gpipe, make_problem, one_f_one_b, plan_of, problem_doc, serialized
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pipeplan.planner.bounds import MemoryInfeasibleError, check_memory_feasible, lower_bound, min_memory
+from pipeplan.planner.bounds import (ALL, MemoryInfeasibleError, check_memory_feasible, lower_bound,
+                                     min_memory, prove)
+from pipeplan.planner.bounds.backward_stretches import backward_stretches_bound
 from pipeplan.planner.bounds.forward_count import forward_count_bound
 from pipeplan.planner.bounds.memory_free import memory_free_bound
 from pipeplan.planner.bounds.occupancy import occupancy_bound
@@ -254,3 +256,51 @@ def test_one_at_a_time_is_below_the_proven_optimum(kw):
                  occupancy_bound(problem))
     assert one_at_a_time_bound(problem) > others + 1e-9
     assert one_at_a_time_bound(problem) <= result.plan.makespan_ms + 1e-9
+
+
+def limited(limits: list[float | None], **kw) -> Problem:
+    """`problem_doc(**kw)` with device d's memory limit limits[d]."""
+    doc = problem_doc(**kw)
+    for dev, limit in zip(doc["devices"], limits):
+        dev["memory_limit_mib"] = limit
+    return Problem.model_validate(doc)
+
+
+def test_backward_stretches_hand_value():
+    """P=3, M=4, unit F and B, W 0.5, activations of 100 and weight gradients of 40 with 120 MiB on
+    device 0: one activation at a time, and no pending W beside it. The first backward can start at
+    5; after it, three kept stretches of 6 (F, the 4-ms round trip, B) and the B of the one that may
+    cross it; the three W's not at the end, outside every stretch; one W after the last B. 26, which
+    the blind optimum meets; every other argument is at most 24.5."""
+    problem = limited([120.0, None, None], p=3, m=4, w=0.5, weight_grad_mib=40.0)
+    assert backward_stretches_bound(problem) == pytest.approx(26.0)
+    proof = prove(problem, ALL)
+    assert proof.tight == "backward_stretches"
+    assert max(v for name, v in proof.values.items() if name != proof.tight) == pytest.approx(24.5)
+    result = blind_optimum(problem, 20.0)
+    assert (result.status, result.plan.makespan_ms) == ("optimal", pytest.approx(26.0))
+    # room for two activations: nothing to say
+    roomy = limited([200.0, None, None], p=3, m=4, w=0.5, weight_grad_mib=40.0)
+    assert backward_stretches_bound(roomy) == 0.0
+
+
+BACKWARD_STRETCHES_CASES = [
+    ([120.0, 150.0], {"p": 2, "m": 3, "p2p": 0.1, "offload": True, "recompute": True, "f": 1.5,
+                      "w": 0.5, "offload_ms": 2.0, "recompute_ms": 1.5, "weight_grad_mib": 40.0,
+                      "checkpoint_mib": 5.0}),
+    ([120.0, 100.0, None], {"p": 3, "m": 4, "offload": True, "recompute": True, "w": 0.5,
+                            "offload_ms": 1.0, "weight_grad_mib": 40.0, "checkpoint_mib": 5.0}),
+]
+
+
+@pytest.mark.parametrize(("limits", "kw"), BACKWARD_STRETCHES_CASES)
+def test_backward_stretches_is_below_the_proven_optimum(limits, kw):
+    """Offloads and recomputes beside kept microbatches (bench/bounds.py --family one_at_a_time has
+    the random family): above every other argument, never above the blind optimum."""
+    problem = limited(limits, **kw)
+    values = prove(problem, ALL).values
+    result = blind_optimum(problem, 20.0)
+    assert result.status == "optimal"
+    others = max(v for name, v in values.items() if name != "backward_stretches")
+    assert values["backward_stretches"] > others + 1e-9
+    assert values["backward_stretches"] <= result.plan.makespan_ms + 1e-9
