@@ -4,29 +4,40 @@ are disjoint."""
 
 from __future__ import annotations
 
+import itertools
+import math
+
 from ..contract import Problem
 from .pipeline import backward_chain, backward_ms, forward_head, one_stage_limited, round_trip
 
 
-def _least_split(kinds: list[tuple[float, float, float]], m: float, outside: float) -> float:
-    """min over n_t >= 0, sum n_t = m, of max(L1, L2): L1 = sum n_t stretch_t, L2 = L1 + outside +
-    sum n_t (forward_t - idle_t). Both are linear, so the minimum lies at a vertex of the simplex or
-    where L1 = L2 on one of its edges."""
-    def value(x: list[float]) -> float:
+def _least_split(kinds: list[tuple[float, float, float]], m: int, outside: float) -> float:
+    """min over whole n_t >= 0, sum n_t = m, of L1 + max(0, L2 - L1): L1 = sum n_t stretch_t, L2 =
+    L1 + outside + sum n_t (forward_t - idle_t). With the other counts fixed, the value is convex in
+    how the last two kinds share the rest, and linear on either side of where L2 = L1: its least
+    whole point is an end of that range or next to the crossing."""
+    def value(x: list[int]) -> float:
         stretch = sum(n * kd[0] for n, kd in zip(x, kinds))
         spill = outside + sum(n * (kd[2] - kd[1]) for n, kd in zip(x, kinds))
         return stretch + max(0.0, spill)
 
-    points = []
-    for i in range(len(kinds)):
-        points.append([m if j == i else 0.0 for j in range(len(kinds))])
-        for j in range(i + 1, len(kinds)):
-            gi, gj = kinds[i][2] - kinds[i][1], kinds[j][2] - kinds[j][1]
-            if abs(gi - gj) > 1e-12:  # outside + n gi + (m - n) gj = 0
-                n = -(outside + m * gj) / (gi - gj)
-                if 0.0 <= n <= m:
-                    points.append([n if t == i else (m - n if t == j else 0.0) for t in range(len(kinds))])
-    return min(value(x) for x in points)
+    if len(kinds) == 1:
+        return value([m])
+    gain = [kd[2] - kd[1] for kd in kinds]
+    best = math.inf
+    for fixed in itertools.product(range(m + 1), repeat=len(kinds) - 2):
+        rest = m - sum(fixed)
+        if rest < 0:
+            continue
+        # spill = at + slope x t, t of kind -2 and rest - t of kind -1
+        at = outside + sum(n * g for n, g in zip(fixed, gain)) + rest * gain[-1]
+        slope = gain[-2] - gain[-1]
+        ts = {0, rest}
+        if abs(slope) > 1e-12:
+            cross = -at / slope
+            ts |= {min(rest, max(0, math.floor(cross))), min(rest, max(0, math.ceil(cross)))}
+        best = min(best, *(value([*fixed, t, rest - t]) for t in ts))
+    return best
 
 
 def one_at_a_time_bound(problem: Problem) -> float:
@@ -41,10 +52,10 @@ def one_at_a_time_bound(problem: Problem) -> float:
 
         makespan >= head + sum of stretches + max(0, outside work - idle inside the stretches),
 
-    minimised over how many microbatches take each treatment (a fractional split, so it stays a
-    proof). When nothing may run after the last stretch (its W's are inside the stretches, or there
-    are none), that microbatch's backward chain still runs down to stage 0 and its W after it: the
-    bound adds that tail, less the stretch's own W."""
+    minimised over how many microbatches take each treatment (whole counts). When nothing may run
+    after the last stretch (its W's are inside the stretches, or there are none), that microbatch's
+    backward chain still runs down to stage 0 and its W after it: the bound adds that tail, less
+    the stretch's own W."""
     best = 0.0
     opts = problem.options
     m = float(problem.num_microbatches)
@@ -73,7 +84,7 @@ def one_at_a_time_bound(problem: Problem) -> float:
             kinds.append((s.forward_ms + off_ms + rel_ms + b + tail, off_ms + rel_ms, 0.0))
         if opts.recompute and act - s.checkpoint_mib > 0:
             kinds.append((rec_ms + b + tail, 0.0, s.forward_ms))
-        least = _least_split(kinds, m, outside_w)
+        least = _least_split(kinds, problem.num_microbatches, outside_w)
         head = forward_head(problem, k)
         # the device ends with a stretch when nothing may run after it; its B's chain then follows
         after = max(0.0, backward_chain(problem, k) - w) if w_alone or not split else 0.0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import pytest
 from core_schedules import gpipe, make_problem, one_f_one_b, plan_of, problem_doc, serialized
 from hypothesis import HealthCheck, given, settings
@@ -12,7 +15,7 @@ from pipeplan.planner.bounds.backward_stretches import backward_stretches_bound
 from pipeplan.planner.bounds.forward_count import forward_count_bound
 from pipeplan.planner.bounds.memory_free import memory_free_bound
 from pipeplan.planner.bounds.occupancy import occupancy_bound
-from pipeplan.planner.bounds.one_at_a_time import one_at_a_time_bound
+from pipeplan.planner.bounds.one_at_a_time import _least_split, one_at_a_time_bound
 from pipeplan.planner.bounds.warmup import warmup_bound
 from pipeplan.planner.contract import Problem
 from pipeplan.planner.validator import validate_plan
@@ -215,9 +218,12 @@ def test_warmup_bound_is_below_the_proven_optimum(kw):
 def test_one_at_a_time_hand_value():
     """P=2, M=4, unit costs, 150 MiB for activations of 100 and weight gradients of 80: device 0 holds
     one at a time. Kept, a microbatch holds it 5 ms (F, the 2-ms round trip, B, W) with 2 idle;
-    recomputed, 3 ms (R, B, W) with its forward outside. 4/3 kept and 8/3 recomputed: 14 2/3."""
+    recomputed, 3 ms (R, B, W) with its forward outside. One kept and three recomputed: 14 ms of
+    stretches and one forward the kept one's idle cannot take, 15 (a fractional split, 4/3 and 8/3,
+    would say 14 2/3); the blind optimum is 15 too."""
     problem = make_problem(p=2, m=4, limit=150.0, recompute=True, checkpoint_mib=0.0, weight_grad_mib=80.0)
-    assert one_at_a_time_bound(problem) == pytest.approx(14.0 + 2.0 / 3.0)
+    assert one_at_a_time_bound(problem) == pytest.approx(15.0)
+    assert blind_optimum(problem, 20.0).plan.makespan_ms == pytest.approx(15.0)
     assert lower_bound(problem) == pytest.approx(one_at_a_time_bound(problem))
     assert memory_free_bound(problem) == pytest.approx(13.0)
     # the same device in the middle of P=3 (round trip 2): the last stretch's B(0) and W(0) follow it,
@@ -225,12 +231,24 @@ def test_one_at_a_time_hand_value():
     doc = problem_doc(p=3, m=4, recompute=True, checkpoint_mib=0.0, weight_grad_mib=80.0)
     doc["devices"][1]["memory_limit_mib"] = 150.0
     middle = Problem.model_validate(doc)
-    assert one_at_a_time_bound(middle) == pytest.approx(1.0 + 14.0 + 2.0 / 3.0 + 1.0)
+    assert one_at_a_time_bound(middle) == pytest.approx(1.0 + 15.0 + 1.0)
     assert blind_optimum(middle, 20.0).plan.makespan_ms >= one_at_a_time_bound(middle) - 1e-9
     # room for two activations, or no limit: nothing to say
     roomy = make_problem(p=2, m=4, limit=200.0, recompute=True, weight_grad_mib=80.0)
     assert one_at_a_time_bound(roomy) == 0.0
     assert one_at_a_time_bound(make_problem(p=2, m=4, recompute=True)) == 0.0
+
+
+def test_one_at_a_time_split_is_the_least_whole_one():
+    """The treatment split searched in closed form equals enumerating every whole split."""
+    rng = random.Random(3)
+    for _ in range(300):
+        kinds = [(rng.uniform(0, 10), rng.uniform(0, 8), rng.uniform(0, 5)) for _ in range(rng.randint(1, 3))]
+        m, outside = rng.randint(1, 9), rng.uniform(0, 20)
+        every = min(sum(n * kd[0] for n, kd in zip(x, kinds))
+                    + max(0.0, outside + sum(n * (kd[2] - kd[1]) for n, kd in zip(x, kinds)))
+                    for x in itertools.product(range(m + 1), repeat=len(kinds)) if sum(x) == m)
+        assert _least_split(kinds, m, outside) == pytest.approx(every)
 
 
 ONE_AT_A_TIME_CASES = [
@@ -285,9 +303,8 @@ def test_backward_stretches_hand_value():
 
 
 BACKWARD_STRETCHES_CASES = [
-    ([120.0, 150.0], {"p": 2, "m": 3, "p2p": 0.1, "offload": True, "recompute": True, "f": 1.5,
-                      "w": 0.5, "offload_ms": 2.0, "recompute_ms": 1.5, "weight_grad_mib": 40.0,
-                      "checkpoint_mib": 5.0}),
+    ([300.0, 120.0], {"p": 2, "m": 6, "p2p": 0.1, "offload": True, "recompute": True, "offload_ms": 1.0,
+                      "recompute_ms": 1.0, "weight_grad_mib": 40.0, "checkpoint_mib": 0.0}),
     ([120.0, 100.0, None], {"p": 3, "m": 4, "offload": True, "recompute": True, "w": 0.5,
                             "offload_ms": 1.0, "weight_grad_mib": 40.0, "checkpoint_mib": 5.0}),
 ]
