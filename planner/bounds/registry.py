@@ -19,6 +19,7 @@ from .memory_free import memory_free_bound
 from .occupancy import occupancy_bound
 from .one_at_a_time import one_at_a_time_bound
 from .pairwise_exclusion import pairwise_exclusion_bound
+from .stage_tail import stage_tail_bound
 from .warmup import warmup_bound
 
 
@@ -39,6 +40,8 @@ ARGUMENTS: tuple[Argument, ...] = (
     Argument("arrivals", arrival_bound, True, "forwards reach a device no faster than they are made"),
     Argument("warm_up", warmup_bound, True, "memory caps the forwards before a device's first backward"),
     Argument("one_at_a_time", one_at_a_time_bound, True, "a device that holds one activation at a time"),
+    Argument("stage_tail", stage_tail_bound, True,
+             "each stage's last backward: the work before it, its chain after"),
     Argument("forward_count", forward_count_bound, False, "forwards before the first free; the drain; W's"),
     Argument("occupancy", occupancy_bound, False, "memory x time is a budget (Little's law)"),
     Argument("pairwise_exclusion", pairwise_exclusion_bound, False, "residency that cannot coexist"),

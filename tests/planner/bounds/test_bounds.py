@@ -6,7 +6,8 @@ import itertools
 import random
 
 import pytest
-from core_schedules import gpipe, make_problem, one_f_one_b, plan_of, problem_doc, serialized
+from core_schedules import (gpipe, make_problem, one_activation_at_a_time, one_f_one_b, plan_of, problem_doc,
+                            serialized)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pipeplan.planner.bounds import (ALL, MemoryInfeasibleError, check_memory_feasible, lower_bound,
@@ -302,22 +303,20 @@ def test_backward_stretches_hand_value():
     assert backward_stretches_bound(roomy) == 0.0
 
 
-BACKWARD_STRETCHES_CASES = [
-    ([300.0, 120.0], {"p": 2, "m": 6, "p2p": 0.1, "offload": True, "recompute": True, "offload_ms": 1.0,
-                      "recompute_ms": 1.0, "weight_grad_mib": 40.0, "checkpoint_mib": 0.0}),
-    ([120.0, 100.0, None], {"p": 3, "m": 4, "offload": True, "recompute": True, "w": 0.5,
-                            "offload_ms": 1.0, "weight_grad_mib": 40.0, "checkpoint_mib": 5.0}),
-]
-
-
-@pytest.mark.parametrize(("limits", "kw"), BACKWARD_STRETCHES_CASES)
-def test_backward_stretches_is_below_the_proven_optimum(limits, kw):
-    """Offloads and recomputes beside kept microbatches (bench/bounds.py --family one_at_a_time has
-    the random family): above every other argument, never above the blind optimum."""
-    problem = limited(limits, **kw)
-    values = prove(problem, ALL).values
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_backward_stretches_is_below_the_proven_optimum(seed):
+    """Offloads and recomputes beside kept microbatches (bench/bounds.py --family one_at_a_time):
+    the first random problem where the argument is above every other one, never above the blind
+    optimum."""
+    rng = random.Random(seed)
+    for _ in range(100):
+        problem = one_activation_at_a_time(rng)
+        values = prove(problem, ALL).values
+        others = max(v for name, v in values.items() if name != "backward_stretches")
+        if values["backward_stretches"] > others + 1e-6:
+            break
+    else:
+        pytest.fail("no random problem where the argument decides")
     result = blind_optimum(problem, 20.0)
     assert result.status == "optimal"
-    others = max(v for name, v in values.items() if name != "backward_stretches")
-    assert values["backward_stretches"] > others + 1e-9
     assert values["backward_stretches"] <= result.plan.makespan_ms + 1e-9

@@ -17,6 +17,7 @@ from pipeplan.planner.bounds.forward_count import _whole_knapsack, forward_count
 from pipeplan.planner.bounds.memory_free import memory_free_bound
 from pipeplan.planner.bounds.occupancy import occupancy_bound
 from pipeplan.planner.bounds.pairwise_exclusion import pairwise_exclusion_bound
+from pipeplan.planner.bounds.stage_tail import stage_tail_bound
 from pipeplan.planner.bounds.warmup import warmup_waste
 from pipeplan.planner.contract import Problem
 from pipeplan.planner.solver import solve
@@ -47,12 +48,14 @@ def test_memory_bound_is_below_the_proven_optimum(kw):
 @pytest.mark.parametrize("limit", [200.0, 250.0])
 def test_tail_bound_is_tight_where_pending_weight_gradients_fill_memory(limit):
     """P=4, M=4, two activations of memory, fast offload: after the last device's last B only two
-    W's can follow, then three B's and a W run down the pipeline: 17, not the quick arguments' 15. With
-    two and a half weight gradients of memory still only two whole W's are pending (counting the
-    half gave 16.5)."""
+    W's can follow, then three B's and a W run down the pipeline: 17, not the other quick arguments'
+    15 (the stage tail, quick, says 17 too: the last stage's last B, then the chain). With two and a
+    half weight gradients of memory still only two whole W's are pending (counting the half gave
+    16.5)."""
     problem = make_problem(p=4, m=4, limit=limit, weight_grad_mib=100.0, offload=True, offload_ms=1.0,
                            offloadable_mib=100.0)
-    assert lower_bound(problem) == 15.0
+    assert lower_bound(problem, QUICK - {"stage_tail"}) == 15.0
+    assert stage_tail_bound(problem) == pytest.approx(17.0)
     assert memory_lower_bound(problem) == pytest.approx(17.0)
     result = blind_solve(problem, 10.0)
     assert result.status == "optimal" and result.plan.makespan_ms == pytest.approx(17.0)
