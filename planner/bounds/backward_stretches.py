@@ -76,10 +76,11 @@ def _device(problem: Problem, d: int, k: int, arrivals: list[float]) -> float:
         kinds["recompute"] = (rec + b, 0.0)
     # the W's pending at the last backward's end: its own, and those held through its whole stretch
     # beside the activation (none when w_alone)
-    most_after = m if grad <= 0 else max(1, min(m, 1 + math.floor((cap - s.activation_mib) / grad + 1e-9)))
+    room = math.inf if grad <= 0 else (cap - s.activation_mib) / grad
+    most_after = m if room >= m - 1 else max(1, 1 + math.floor(room + 1e-9))
     # One more W after the last backward saves at most w before it and costs w at the end once
     # after x w passes the chain: the best count is the knee of the chain or one past it.
-    knee = max(1, min(most_after, math.floor(chain / w + 1e-9))) if w > 0 else most_after
+    knee = max(1, min(most_after, math.floor(min(chain / w, most_after) + 1e-9))) if w > 0 else most_after
     after_choices = sorted({knee, min(most_after, knee + 1)}) if split else [0]
     head_room = first - forward_head(problem, k)
     best = math.inf

@@ -37,8 +37,8 @@ def stage_tail_bound(problem: Problem) -> float:
             s = problem.stages[k]
             w = s.backward_weight_ms if split else 0.0
             grad = s.weight_grad_mib if split else 0.0
-            waiting = m if grad <= 0 or math.isinf(cap) else \
-                max(1, min(m, 1 + math.floor((cap - s.activation_mib) / grad + 1e-9)))
+            room = math.inf if grad <= 0 else (cap - s.activation_mib) / grad  # W's beside the last B
+            waiting = m if room >= m - 1 else max(1, 1 + math.floor(room + 1e-9))
             # released once the forwards are done: backwards of k and later stages, k's W's
             backward = m * sum(backward_ms(problem, j) for j in stages if j >= k) + (m - waiting) * w
             forwards = [(forward_head(problem, j), m * problem.stages[j].forward_ms)

@@ -9,10 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from core_schedules import problem_doc
 from pipeplan.planner.baselines import best_heuristic
 from pipeplan.planner.bounds import ALL, prove
+from pipeplan.planner.bounds.backward_stretches import backward_stretches_bound
 from pipeplan.planner.bounds.pipeline import backward_chain, forward_head
 from pipeplan.planner.bounds.stage_tail import stage_tail_bound
+from pipeplan.planner.contract import Problem
 from support.bound_cases import random_problem
 from support.oracles import blind_optimum
 
@@ -54,6 +57,15 @@ def test_exact_where_a_plan_meets_it():
     assert best_heuristic(problem).makespan_ms == pytest.approx(stage_tail_bound(problem))
     assert stage_tail_bound(problem) > max(v for name, v in prove(problem, ALL).values.items()
                                            if name != "stage_tail") + 1.0
+
+
+def test_a_negligible_weight_gradient_lets_every_w_wait():
+    """Memory over a weight gradient of 1e-310 MiB overflows to infinity (hypothesis found it): every
+    W may wait, and the bound is the forwards, backwards and chain alone."""
+    problem = Problem.model_validate(problem_doc(p=2, m=3, weight_grad_mib=1e-310, limit=150.0))
+    # stage 1 from 1 ms on: 3 F and 3 B, then B(0) and W(0)
+    assert stage_tail_bound(problem) == pytest.approx(1.0 + 6.0 + 2.0)
+    assert backward_stretches_bound(problem) > 0.0  # one activation at a time: it applies
 
 
 @pytest.mark.parametrize("seed", [5, 6, 7])
