@@ -259,16 +259,14 @@ def calibrated_problem(problem: Problem, traces: list[Trace]) -> Problem:
     for k, stage in enumerate(doc["stages"]):
         for kind, value in costs[k].items():
             stage[_FIELDS[kind]] = max(value, 1e-3) if kind in ("F", "B") else max(value, 0.0)
-        if _backward_ran_in_w(costs[k]):
-            stage["weight_grad_mib"] = stage["activation_mib"]
     if link is not None:
         doc["p2p_ms"] = link
     doc["metadata"] = {**doc.get("metadata", {}), "calibrated_from": {
         "problem_key": problem.key(), "traces": len(traces),
         "revisions": sorted({t.revision for t in traces}), "runtime_overhead_ms": overhead}}
-    calibrated = Problem.model_validate(doc)
     torch_split = any(t.metadata.get("runtime") == PIPEPLAN_RUNTIME for t in traces)
-    return held_until_w(calibrated) if torch_split else calibrated
+    held = None if torch_split else [k for k, c in enumerate(costs) if _backward_ran_in_w(c)]
+    return held_until_w(Problem.model_validate(doc), held)
 
 
 def retime(problem: Problem, plan: Plan) -> float:

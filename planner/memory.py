@@ -114,12 +114,16 @@ def recompute_ms(problem: Problem, choices: dict[tuple[int, int], Choice]) -> fl
     return sum(problem.stages[k].recompute_ms for (k, _), c in choices.items() if c.recompute)
 
 
-def held_until_w(problem: Problem) -> Problem:
-    """`problem` as torch's split backward holds memory: every stage keeps a microbatch's saved
-    activations from its B to its W (`weight_grad_mib` = `activation_mib`). torch's B computes the
-    input gradients with the autograd graph retained for W, so it frees nothing, and on the first
-    stage it does nothing at all (W runs the whole backward); docs/torch.md, "On a GPU"."""
+def held_until_w(problem: Problem, stages: Iterable[int] | None = None) -> Problem:
+    """`problem` as torch's split backward holds memory: each of `stages` (default every stage)
+    keeps a microbatch's saved activations from its B to its W (`weight_grad_mib` =
+    `activation_mib`). torch's B computes the input gradients with the autograd graph retained for
+    W, so it frees nothing, and on the first stage it does nothing at all (W runs the whole
+    backward); docs/torch.md, "On a GPU"."""
+    held = set(range(problem.num_stages) if stages is None else stages)
+    if not held:
+        return problem
     doc = problem.model_dump(mode="json")
-    for stage in doc["stages"]:
-        stage["weight_grad_mib"] = stage["activation_mib"]
+    for k in held:
+        doc["stages"][k]["weight_grad_mib"] = doc["stages"][k]["activation_mib"]
     return Problem.model_validate(doc)

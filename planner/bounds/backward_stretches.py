@@ -60,9 +60,7 @@ def _device(problem: Problem, d: int, k: int, arrivals: list[float]) -> float:
     f, b = s.forward_ms, backward_ms(problem, k)
     w = s.backward_weight_ms if split else 0.0
     grad = s.weight_grad_mib if split else 0.0
-    off = s.offload_ms or 0.0
-    rel = s.reload_ms if s.reload_ms is not None else off
-    rec = s.recompute_ms if s.recompute_ms is not None else f
+    off, rel, rec = s.offload_ms, s.reload_ms, s.recompute_ms  # the contract fills what was left out
     trip = round_trip(problem, k)
     first = first_backward_start(problem, k)
     chain = backward_chain(problem, k) if split else backward_tail(problem, k)
@@ -70,7 +68,7 @@ def _device(problem: Problem, d: int, k: int, arrivals: list[float]) -> float:
     w_alone = split and s.activation_mib + grad > cap + 1e-9  # a pending W beside an activation
     # per kind: (least stretch, idle inside it that others' light work may fill)
     kinds = {"keep": (f + trip + b, trip)}
-    if opts.offload and (s.offloadable_mib or 0.0) > 0:
+    if opts.offload and s.offloadable_mib > 0:
         kinds["offload"] = (rel + b, rel)
     if opts.recompute and s.activation_mib - s.checkpoint_mib > 0:
         kinds["recompute"] = (rec + b, 0.0)
