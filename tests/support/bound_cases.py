@@ -4,9 +4,10 @@ random family the pairwise exclusion and several-stage warm-up arguments are che
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from core_schedules import problem_doc
-from pipeplan.planner.bounds import lower_bound, min_memory
+from pipeplan.planner.bounds import ALL, lower_bound, min_memory, prove
 from pipeplan.planner.bounds.forward_count import forward_count_bound
 from pipeplan.planner.bounds.occupancy import occupancy_bound
 from pipeplan.planner.contract import Problem
@@ -17,6 +18,23 @@ def other_bounds(problem: Problem) -> float:
     which meets or beats it on heavy_head."""
     counted = forward_count_bound(problem, chunked_warmup=False)
     return max(lower_bound(problem), counted, occupancy_bound(problem))
+
+
+def others(values: dict[str, float], name: str) -> float:
+    """The largest of a proof's values (`Proof.values`) but argument `name`'s."""
+    return max(v for argument, v in values.items() if argument != name)
+
+
+def deciding(family: Callable[[random.Random], Problem], rng: random.Random, name: str,
+             tries: int = 300) -> tuple[Problem, float]:
+    """The first problem `family` draws where argument `name` is above every other one, and its
+    value there (the problems an argument's soundness test checks against a blind optimum)."""
+    for _ in range(tries):
+        problem = family(rng)
+        values = prove(problem, ALL).values
+        if values[name] > others(values, name) + 1e-6:
+            return problem, values[name]
+    raise AssertionError(f"no problem in {tries} where {name} is above every other argument")
 
 
 def heavy_head(m: int, p: int = 3) -> Problem:

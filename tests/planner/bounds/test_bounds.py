@@ -20,6 +20,7 @@ from pipeplan.planner.bounds.one_at_a_time import _least_split, one_at_a_time_bo
 from pipeplan.planner.bounds.warmup import warmup_bound
 from pipeplan.planner.contract import Problem
 from pipeplan.planner.validator import validate_plan
+from support.bound_cases import deciding, others
 from support.oracles import blind_optimum
 
 durations = st.floats(min_value=0.1, max_value=5.0, allow_nan=False).map(lambda x: round(x, 3))
@@ -295,7 +296,7 @@ def test_backward_stretches_hand_value():
     assert backward_stretches_bound(problem) == pytest.approx(26.0)
     proof = prove(problem, ALL)
     assert proof.tight == "backward_stretches"
-    assert max(v for name, v in proof.values.items() if name != proof.tight) == pytest.approx(24.5)
+    assert others(proof.values, proof.tight) == pytest.approx(24.5)
     result = blind_optimum(problem, 20.0)
     assert (result.status, result.plan.makespan_ms) == ("optimal", pytest.approx(26.0))
     # room for two activations: nothing to say
@@ -308,15 +309,7 @@ def test_backward_stretches_is_below_the_proven_optimum(seed):
     """Offloads and recomputes beside kept microbatches (bench/bounds.py --family one_at_a_time):
     the first random problem where the argument is above every other one, never above the blind
     optimum."""
-    rng = random.Random(seed)
-    for _ in range(100):
-        problem = one_activation_at_a_time(rng)
-        values = prove(problem, ALL).values
-        others = max(v for name, v in values.items() if name != "backward_stretches")
-        if values["backward_stretches"] > others + 1e-6:
-            break
-    else:
-        pytest.fail("no random problem where the argument decides")
+    problem, bound = deciding(one_activation_at_a_time, random.Random(seed), "backward_stretches", 100)
     result = blind_optimum(problem, 20.0)
     assert result.status == "optimal"
-    assert values["backward_stretches"] <= result.plan.makespan_ms + 1e-9
+    assert bound <= result.plan.makespan_ms + 1e-9

@@ -16,7 +16,7 @@ from pipeplan.planner.bounds.backward_stretches import backward_stretches_bound
 from pipeplan.planner.bounds.pipeline import backward_chain, forward_head
 from pipeplan.planner.bounds.stage_tail import stage_tail_bound
 from pipeplan.planner.contract import Problem
-from support.bound_cases import random_problem
+from support.bound_cases import deciding, others, random_problem
 from support.oracles import blind_optimum
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository, for bench/
@@ -46,7 +46,7 @@ def test_the_lm_head_by_hand():
     assert expected == pytest.approx(670.8, abs=0.05)
     proof = prove(problem, ALL)
     assert proof.tight == "stage_tail"
-    assert max(v for name, v in proof.values.items() if name != "stage_tail") < 651.5
+    assert others(proof.values, "stage_tail") < 651.5
 
 
 def test_exact_where_a_plan_meets_it():
@@ -55,8 +55,7 @@ def test_exact_where_a_plan_meets_it():
     the 131.6-ms chain: 538.4, which the greedy's plan meets, so both are optimal."""
     problem = real_row("llama2-7b-p8@100%", 8)
     assert best_heuristic(problem).makespan_ms == pytest.approx(stage_tail_bound(problem))
-    assert stage_tail_bound(problem) > max(v for name, v in prove(problem, ALL).values.items()
-                                           if name != "stage_tail") + 1.0
+    assert stage_tail_bound(problem) > others(prove(problem, ALL).values, "stage_tail") + 1.0
 
 
 def test_a_negligible_weight_gradient_lets_every_w_wait():
@@ -72,14 +71,7 @@ def test_a_negligible_weight_gradient_lets_every_w_wait():
 def test_never_above_a_blind_optimum(seed):
     """Random small problems where this argument is above every other one: CP-SAT blind to the
     memory-aware bounds proves an optimum, and the argument is not above it."""
-    rng = random.Random(seed)
-    for _ in range(300):
-        problem = random_problem(rng)
-        values = prove(problem, ALL).values
-        if values["stage_tail"] > max(v for name, v in values.items() if name != "stage_tail") + 1e-6:
-            break
-    else:
-        pytest.fail("no random problem where the argument decides")
+    problem, bound = deciding(random_problem, random.Random(seed), "stage_tail")
     result = blind_optimum(problem, seconds=8.0)
     assert result.status == "optimal"
-    assert values["stage_tail"] <= result.plan.makespan_ms + 1e-9
+    assert bound <= result.plan.makespan_ms + 1e-9
