@@ -37,6 +37,7 @@ headed by the device and the shapes; `--json PATH` writes the same rows and the 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import platform
@@ -174,6 +175,9 @@ def run_rank(problem: Problem, plan: Plan, rank: int, blocks: list, example: tor
         return traces, peaks, list(run.schedule.executor.stats.late)
     finally:
         run.close()
+        gc.collect()  # the next run starts from this one's memory returned
+        if cuda:
+            torch.cuda.empty_cache()
 
 
 def span(trace: DeviceTrace) -> float:

@@ -169,6 +169,12 @@ class _Record:
     offload_done: Any = None  # CUDA: event on the d2h stream
     reload_done: Any = None  # CUDA: event on the h2d stream
 
+    def drop(self) -> None:
+        """Let go of every tensor this record keeps: the copy lanes' jobs outlive the backward that
+        released it (until the next iteration), and would keep a reloaded activation on the device."""
+        self.handles.clear()
+        self.inputs = self.saved = self.rng = None
+
 
 @dataclass
 class ExecutorStats:
@@ -270,6 +276,7 @@ class PlanExecutor:
         self._resident: set[int] = set()  # storages of the running forward's parameters and inputs
         self._held = 0
         self._held_lock = threading.Lock()
+        self._module_hooks: list[Any] = []  # removed at close(): the modules may outlive this executor
         # CPU: a worker thread per lane; CUDA: issued from this thread onto a stream per lane
         threaded = not self.cuda and not synchronous_copies
         self.d2h = OrderedLane("d2h", threaded=threaded)
@@ -317,6 +324,9 @@ class PlanExecutor:
     def close(self) -> None:
         self.d2h.close()
         self.h2d.close()
+        for hook in self._module_hooks:
+            hook.remove()
+        self._module_hooks.clear()
 
     def held_bytes(self) -> int:
         """Saved-activation bytes the hooks hold on the device now (CPU memory trace)."""
@@ -366,7 +376,7 @@ class PlanExecutor:
         stage.forward_one_chunk = forward_one_chunk
         stage.backward_one_chunk = backward_one_chunk
         stage.backward_weight_one_chunk = backward_weight_one_chunk
-        stage.submod.register_forward_pre_hook(self._capture_inputs, with_kwargs=True)
+        self._module_hooks.append(stage.submod.register_forward_pre_hook(self._capture_inputs, with_kwargs=True))
 
     def _timed(self, kind: Kind, k: int, mb: int, work: Callable[[], Any]) -> Any:
         """Run a compute op: measured (when tracing) and padded to its emulated duration."""
@@ -386,6 +396,7 @@ class PlanExecutor:
         record = self._records.pop((k, mb), None)
         if record is not None:
             self._hold(record, -record.resident)
+            record.drop()
 
     def _capture_inputs(self, module: nn.Module, args: tuple, kwargs: dict):
         self._resident = _storages(module.parameters()) | _storages((*args, *kwargs.values()))
@@ -419,7 +430,9 @@ class PlanExecutor:
             if tensor.untyped_storage().data_ptr() not in self._resident and region not in record.counted:
                 record.counted.add(region)
                 self._hold(record, _nbytes(tensor))
-            return tensor
+            # not the tensor itself: a saved output handed back as itself links autograd's C++ graph
+            # to itself through Python, a cycle the collector cannot see (the graph would outlive W)
+            return tensor.detach()
         return pack
 
     # -- offload ---------------------------------------------------------------------------------------
