@@ -22,10 +22,12 @@ Run:  python bench/fidelity.py --cuda --iterations 5 --json fidelity_cuda.json  
    overlap the copies buy); the peak memory (CUDA: the caching allocator's high-water mark above
    what the iteration started with; CPU: the saved-tensor bytes the executor holds) vs the plan's
    predicted peak and vs that peak with activations held until W, as torch's split backward holds
-   them (planner.runtimes.torch_peaks), with offload and without.
+   them (planner.runtimes.torch_peaks), with offload and without. Weight gradients are zeroed, not
+   freed, between iterations: static memory (Device.static_mib), which a plan's peak is above. On
+   CUDA also B's and W's working memory (their high-water marks above their start for one
+   microbatch, which no plan counts) and each predicted peak plus the larger of the two.
 4. Presets: achieved TFLOP/s of F, B and W (bench/llama_stage.py's FLOPs over the profiled times;
-   the profile's W is a full backward's time less B's, as torch's split backward spends it) and of
-   F and B+W in the run (torch's split backward),
+   the profile times torch's split backward's own two passes) and of F and B+W in the run,
    beside the preset's calibrated rate (peak x bf16_efficiency), and the host link's GB/s each way
    (pinned buffers, copies on their own stream while matrix products run on the compute stream)
    beside the preset's host_link_gbps.
@@ -163,7 +165,9 @@ def run_rank(problem: Problem, plan: Plan, rank: int, blocks: list, example: tor
                             synchronous_copies=synchronous)
     try:
         for n in range(iterations + 1):
-            stage.zero_grad(set_to_none=True)
+            # zeroed, not freed: weight gradients are static memory (Device.static_mib), which a
+            # plan's peak is above; the warm-up allocates them
+            stage.zero_grad(set_to_none=False)
             if cuda:  # CUDA only: what the iteration starts with, after the previous one's frees
                 torch.cuda.synchronize(example.device)
             base = torch.cuda.memory_allocated(example.device) / MIB if cuda else 0.0
@@ -198,6 +202,29 @@ def op_medians(traces: list[DeviceTrace]) -> dict[str, tuple[int, float]]:
     if pairs:
         out["B+W"] = (len(pairs) // len(traces), statistics.median(pairs))
     return out
+
+
+def backward_memory(blocks: list, example: torch.Tensor) -> dict[str, float]:
+    """CUDA: what one microbatch's B and W allocate beyond the activations a plan counts (MiB):
+    each pass's high-water mark above what it starts with, and what B leaves for W."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    stage, device = torch.nn.Sequential(*blocks), example.device
+    params = list(stage.parameters())
+    x = torch.randn_like(example).requires_grad_(True)
+    out = stage(x)
+    grad = torch.randn_like(out)
+    torch.cuda.synchronize(device)
+    before_b = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    _, groups = stage_backward_input([out], [grad], [x], iter(params))
+    torch.cuda.synchronize(device)
+    b_peak, before_w = torch.cuda.max_memory_allocated(device), torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    stage_backward_weight(iter(params), groups)
+    torch.cuda.synchronize(device)
+    w_peak = torch.cuda.max_memory_allocated(device)
+    return {"b_above_start": (b_peak - before_b) / MIB, "w_above_start": (w_peak - before_w) / MIB}
 
 
 # -- 4. presets ---------------------------------------------------------------------------------------
@@ -313,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         own, own_peaks, own_late = (lanes, lanes_peaks, []) if solved is plan else \
             run_rank(problem, solved, rank, blocks, example, args.iterations)
     late += sync_late + own_late
+    working = backward_memory(blocks, example) if device.type == "cuda" else {}
     link = host_link_gbps(device, args.link_mib or (1024 if device.type == "cuda" else 64), args.width, dtype)
 
     rows = []
@@ -342,6 +370,15 @@ def main(argv: list[str] | None = None) -> int:
         rows += [row("memory", f"peak, {name} (MiB)", ran.peak_memory_mib[rank], measured),
                  row("memory", f"peak, {name}, held until W as torch does (MiB)",
                      (torch_peaks(prob, ran) or ran.peak_memory_mib)[rank], measured)]
+    if working:  # CUDA only: the allocator's transients, which no plan counts
+        rows += [row("memory", "B's working memory: its peak above its start, one microbatch (MiB)", 0.0,
+                     working["b_above_start"]),
+                 row("memory", "W's working memory: its peak above its start, one microbatch (MiB)", 0.0,
+                     working["w_above_start"])]
+        for name, prob, ran, measured in runs:
+            predicted = (torch_peaks(prob, ran) or ran.peak_memory_mib)[rank] + max(working.values())
+            rows.append(row("memory", f"peak, {name}, held until W, plus the larger working memory (MiB)",
+                            predicted, measured))
     saved = plain.peak_memory_mib[rank] - plan.peak_memory_mib[rank]
     rows.append(row("memory", "saved by offload (MiB)", saved, dense_peak - peak))
     flops = {k: args.blocks * v for k, v in block_flops(args.width, args.seq).items()}

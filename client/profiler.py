@@ -5,11 +5,12 @@ replaces exactly the estimate it names, so the cost model's other fields (memory
 optimizer state, links) still apply. Timings: median of `repeats` runs after a warm-up; on CUDA
 between `torch.cuda.synchronize()` calls with CUDA events, on CPU with a monotonic clock.
 
-B and W are measured as torch's split backward spends them: B = the pass that computes the layer's
-input gradient (the whole chain of activation gradients through the layer), W = a full backward's
-time minus B's, i.e. the weight gradients from the activation gradients B leaves behind. A pass of
-W's own would walk that chain again: on an H200 at width 4096 it put B + W at 1.68x the backward a
-training run takes (docs/torch.md, "On a GPU").
+B and W are measured as torch's split backward spends them, by its own functions (the ones
+`PipelineStage` calls): B = `stage_backward_input`, the layer's input gradient (the whole chain of
+activation gradients, kept for W), W = `stage_backward_weight`, the weight gradients from what B
+kept. Timing a full backward less B under-counts W by the bookkeeping of the split (on an H100 at
+width 4096 the run's W took 1.29x that), and timing a weight pass of its own over-counts it, walking
+the activation gradients again (1.68x the run's backward on an H200; docs/torch.md, "On a GPU").
 Saved-activation bytes = what autograd saves during the forward (saved-tensor hooks, parameters and
 the layer's input excluded, views of one tensor counted once) plus the output the next layer receives.
 """
@@ -69,23 +70,32 @@ def profile_layer(layer: nn.Module, x: torch.Tensor, *, repeats: int = 5) -> tup
     activation_bytes = sum(saved.values()) + out_tensor.numel() * out_tensor.element_size()
     grad = torch.randn_like(out_tensor)
 
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
     f, b, w = [], [], []
     for n in range(repeats + 1):
-        holder: dict[str, Any] = {}
+        held: dict[str, Any] = {}
 
         def forward() -> None:
             o = layer(x)
-            holder["out"] = o[0] if isinstance(o, tuple) else o
+            held["out"] = o[0] if isinstance(o, tuple) else o
 
-        def backward(inputs: list[torch.Tensor]) -> Callable[[], Any]:
-            return lambda: torch.autograd.grad(holder["out"], inputs, grad, retain_graph=True)
+        def backward_input() -> None:
+            inputs = [x] if x.requires_grad else []
+            held["groups"] = stage_backward_input([held["out"]], [grad], inputs, iter(params))[1]
+
+        def backward_weight() -> None:
+            stage_backward_weight(iter(params), held["groups"])
         took_f = timer(forward)
-        took_b = timer(backward([x])) if x.requires_grad else 0.0
-        took_full = timer(backward(([x] if x.requires_grad else []) + params)) if params else took_b
+        if held["out"]._is_view():  # B detaches the output in place, which a view (a linear layer's
+            held["out"] = held["out"].clone()  # output on 3-d input) refuses; untimed, its backward a no-op
+        took_b = timer(backward_input)
+        took_w = timer(backward_weight) if params else 0.0
         if n:  # the first run warms caches and kernels up
-            f.append(took_f), b.append(took_b), w.append(took_full - took_b)  # paired: less noise
+            f.append(took_f), b.append(took_b), w.append(took_w)
+        x.grad = None  # a stage's input is new each microbatch; its weights' gradients accumulate
     numbers = {"forward_ms": statistics.median(f), "backward_input_ms": statistics.median(b),
-               "backward_weight_ms": max(statistics.median(w), 0.0),
+               "backward_weight_ms": statistics.median(w),
                "activation_mib": activation_bytes / MIB,
                "params": float(sum(p.numel() for p in layer.parameters()))}
     return numbers, out_tensor.detach()
