@@ -77,6 +77,13 @@ tests=$?
 timeout 280 python3 bench/fidelity.py --cuda --iterations 5 --json "$OUT/fidelity_cuda.json" | tee "$OUT/fidelity_cuda.md"
 bench=$?
 
+# (e) optional, the same at other shapes: GPU_CHECK_MORE="--width 8192" runs it once more with
+# those arguments added (results in fidelity_cuda_more.*)
+if [ -n "${GPU_CHECK_MORE:-}" ]; then
+  timeout 280 python3 bench/fidelity.py --cuda --iterations 5 $GPU_CHECK_MORE --json "$OUT/fidelity_cuda_more.json" \
+    | tee "$OUT/fidelity_cuda_more.md" || bench=1
+fi
+
 set +x
 echo "gpu_check: tests exit $tests, bench exit $bench"
 [ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]

@@ -65,7 +65,7 @@ def test_profiled_backward_is_the_backward_a_training_step_takes(monkeypatch):
         with FlopCounterMode(display=False) as counter:
             work()
         return float(counter.get_total_flops())
-    monkeypatch.setattr(profiler, "_timer", lambda device: flop_meter)
+    monkeypatch.setattr(profiler, "_timer", lambda device: lambda works: [flop_meter(w) for w in works])
     rows, sizes = 64, [(32, 128), (128, 32), (32, 32)]
     block = torch.nn.Sequential(*(m for n, k in sizes for m in (torch.nn.Linear(n, k), torch.nn.GELU())))
     numbers, _ = profiler.profile_layer(block, torch.randn(rows, 32), repeats=1)
