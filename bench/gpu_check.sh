@@ -7,11 +7,11 @@
 #      (the device machine reaches no registry: pydantic, ortools, tenacity... travel as ~32 MB of
 #      wheels in .whl/, which git ignores)
 #   2. the device tool:   run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=460)
-#      Took 85 s on one H200 (2026-11-27: wheels ~5 s, the CUDA tests 15 s, the bench ~60 s:
-#      profile, a 10-s solve, the runs, the host-link copies; a minute more where an offloading
-#      baseline's plan runs too), plus ~50 s to start the machine; the plan is timed with the
-#      preset named after the GPU (H200-141GB there). That leaves the session's 15 device minutes
-#      room for reruns; call give_back after the last.
+#      Took 91-116 s on an H100 and on an H200 (2026-11-28: wheels ~5 s, the CUDA tests 11-16 s,
+#      the bench ~50 s at width 4096: profile, a 10-s solve, four plans' runs, the host-link copies),
+#      212 s with GPU_CHECK_MORE="--width 8192", plus 35-125 s to start the machine; the plan is
+#      timed with the preset named after the GPU. That leaves the session's 15 device minutes room
+#      for one rerun; call give_back after the last.
 #   3. what comes back ($OUT): gpu_check.log (everything), pytest_cuda.log, fidelity_cuda.md (the
 #      table for docs/torch.md's "On a GPU"), fidelity_cuda.json (the same rows and the details).
 #
