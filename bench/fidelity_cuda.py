@@ -86,7 +86,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hardware", choices=sorted(HARDWARE), default=None,
                    help="the preset the plan is timed with (default: the one named after the GPU;"
                         " H100-80GB on CPU)")
-    p.add_argument("--rank", type=int, default=None, help="the rank to run (default: the one offloading most)")
+    p.add_argument("--rank", type=int, default=None,
+                   help="the rank to run (default: the one offloading most)")
     p.add_argument("--link-mib", type=int, default=None,
                    help="bytes per host-link measurement, MiB (default: 1024 on CUDA, 64 on CPU)")
     p.add_argument("--json", type=Path, default=None, help="write the rows and details here")
@@ -119,7 +120,8 @@ def stage_problem(args: argparse.Namespace, groups: list[dict], hw: Hardware, el
         "options": {"split_backward": True, "offload": True, "recompute": False},
         "stages": [{**stage, "device": d} for d in range(args.devices)],
         "devices": [{"memory_limit_mib": None} for _ in range(args.devices)],
-        "metadata": {"bench": "fidelity --cuda", "width": args.width, "blocks": args.blocks, "seq": args.seq}})
+        "metadata": {"bench": "fidelity --cuda", "width": args.width, "blocks": args.blocks,
+                     "seq": args.seq}})
 
 
 def plans(problem: Problem, seconds: float) -> tuple[Plan, Plan, int]:
@@ -217,7 +219,8 @@ def op_medians(traces: list[DeviceTrace]) -> dict[str, tuple[int, float]]:
 
 def backward_memory(blocks: list, example: torch.Tensor) -> dict[str, float]:
     """CUDA: what one microbatch's B and W allocate beyond the activations a plan counts (MiB):
-    each pass's high-water mark above what it starts with, and what B leaves for W."""
+    each pass's high-water mark above what it starts with, and what B leaves for W (the output
+    gradients torch keeps for the weight gradients, beside the whole retained graph)."""
     from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
     stage, device = torch.nn.Sequential(*blocks), example.device
@@ -235,7 +238,8 @@ def backward_memory(blocks: list, example: torch.Tensor) -> dict[str, float]:
     stage_backward_weight(iter(params), groups)
     torch.cuda.synchronize(device)
     w_peak = torch.cuda.max_memory_allocated(device)
-    return {"b_above_start": (b_peak - before_b) / MIB, "w_above_start": (w_peak - before_w) / MIB}
+    return {"b_above_start": (b_peak - before_b) / MIB, "w_above_start": (w_peak - before_w) / MIB,
+            "b_leaves": (before_w - before_b) / MIB}
 
 
 # -- 4. presets ---------------------------------------------------------------------------------------
@@ -298,7 +302,8 @@ def markdown(header: list[str], rows: list[dict]) -> str:
              "|---|---|---|---|---|"]
     for r in rows:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
-        lines.append(f"| {r['section']} | {r['quantity']} | {r['predicted']:.3f} | {r['measured']:.3f} | {ratio} |")
+        lines.append(f"| {r['section']} | {r['quantity']} | {r['predicted']:.3f} | {r['measured']:.3f}"
+                     f" | {ratio} |")
     return "\n".join(lines)
 
 
@@ -372,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
                         predicted_rank_end(problem, solved, rank), statistics.median(span(t) for t in own)))
     rows += [row("iteration", "rank's iteration, copy lanes (ms)", lanes_pred, lanes_ms),
              row("iteration", "same order, synchronous copies (ms)", sync_pred, sync_ms),
-             row("iteration", "overlap: synchronous minus lanes (ms)", sync_pred - lanes_pred, sync_ms - lanes_ms)]
+             row("iteration", "overlap: synchronous minus lanes (ms)", sync_pred - lanes_pred,
+                 sync_ms - lanes_ms)]
     timed = with_op_times(problem, measured_ops)  # separates the overlap model from the op times
     lanes_timed = predicted_rank_end(timed, plan, rank)
     sync_timed = predicted_rank_end(timed, plan, rank, synchronous_copies=True)
@@ -394,9 +400,12 @@ def main(argv: list[str] | None = None) -> int:
         rows += [row("memory", "B's working memory: its peak above its start, one microbatch (MiB)", 0.0,
                      working["b_above_start"]),
                  row("memory", "W's working memory: its peak above its start, one microbatch (MiB)", 0.0,
-                     working["w_above_start"])]
+                     working["w_above_start"]),
+                 row("memory", "B leaves for W beside the graph, one microbatch (MiB; predicted:"
+                     " weight_grad_mib)", problem.stages[0].weight_grad_mib, working["b_leaves"])]
+        most = max(working["b_above_start"], working["w_above_start"])
         for name, prob, ran, measured in runs:
-            predicted = (torch_peaks(prob, ran) or ran.peak_memory_mib)[rank] + max(working.values())
+            predicted = (torch_peaks(prob, ran) or ran.peak_memory_mib)[rank] + most
             rows.append(row("memory", f"peak, {name}, held until W, plus the larger working memory (MiB)",
                             predicted, measured))
     saved = plain.peak_memory_mib[rank] - plan.peak_memory_mib[rank]
@@ -410,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row("presets", f"{kind} achieved TFLOP/s ({where}; preset: peak x bf16_efficiency)",
                         preset_tflops, flops[kind] / (ms * 1e-3) / 1e12))
     for name, label in (("d2h", "device to host"), ("h2d", "host to device")):
-        rows.append(row("presets", f"host link {label}, beside compute (GB/s)", hw.host_link_gbps, link[name]))
+        rows.append(row("presets", f"host link {label}, beside compute (GB/s)", hw.host_link_gbps,
+                        link[name]))
 
     memory_source = "caching allocator above the iteration's start" if device.type == "cuda" \
         else "saved-tensor bytes the executor holds"
@@ -422,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
          f" memory limit {problem.devices[rank].memory_limit_mib:.0f} MiB on rank {rank}, run alone"
          f" (neighbours emulated), {(_offloads(plan) or [0] * problem.num_devices)[rank]}"
          f" offloads there; {args.iterations} traced iterations per run after one warm-up. Copies and links"
-         f" predicted with the {hw.name} preset (host link {hw.host_link_gbps:g} GB/s). Memory: {memory_source}."),
+         f" predicted with the {hw.name} preset (host link {hw.host_link_gbps:g} GB/s)."
+         f" Memory: {memory_source}."),
     ]
     if 0 in problem.stages_of(rank):
         header.append("Rank 0 holds the first stage, whose input needs no gradient: torch runs its whole"
