@@ -221,7 +221,7 @@ def backward_memory(blocks: list, example: torch.Tensor) -> dict[str, float]:
     """CUDA: what one microbatch's B and W allocate beyond the activations a plan counts (MiB):
     each pass's high-water mark above what it starts with, and what B leaves for W (the output
     gradients torch keeps for the weight gradients, beside the whole retained graph)."""
-    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    from pipeplan.client.torch_internals import stage_backward_input, stage_backward_weight
 
     stage, device = torch.nn.Sequential(*blocks), example.device
     params = list(stage.parameters())

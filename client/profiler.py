@@ -2,8 +2,8 @@
 
 The result is a `stack` of profiled `LayerGroup`s for a model spec (planner.costmodel): each number
 replaces exactly the estimate it names, so the cost model's other fields (memory of weights and
-optimizer state, links) still apply. Timings: median of `repeats` runs after a warm-up; on CUDA
-between `torch.cuda.synchronize()` calls with CUDA events, on CPU with a monotonic clock.
+optimizer state, links) still apply. Timings: median of `repeats` runs after a warm-up; on CUDA with
+CUDA events between F, B and W queued back to back (`_timer`), on CPU with a monotonic clock.
 
 B and W are measured as torch's split backward spends them, by its own functions (the ones
 `PipelineStage` calls): B = `stage_backward_input`, the layer's input gradient (the whole chain of
@@ -55,7 +55,8 @@ def _timer(device: torch.device) -> Callable[[list[Callable[[], Any]]], list[flo
     return cpu_ms
 
 
-def profile_layer(layer: nn.Module, x: torch.Tensor, *, repeats: int = 5) -> tuple[dict[str, float], torch.Tensor]:
+def profile_layer(layer: nn.Module, x: torch.Tensor, *, repeats: int = 5
+                  ) -> tuple[dict[str, float], torch.Tensor]:
     """One layer's profiled numbers for input `x`, and its output (the next layer's input)."""
     device = x.device
     timer = _timer(device)
@@ -69,7 +70,8 @@ def profile_layer(layer: nn.Module, x: torch.Tensor, *, repeats: int = 5) -> tup
         # views of parameters (a transposed weight) and of the input are not activations; views of
         # one activation count once
         if t.untyped_storage().data_ptr() not in resident:
-            saved[(t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())] = t.numel() * t.element_size()
+            where = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+            saved[where] = t.numel() * t.element_size()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -78,7 +80,7 @@ def profile_layer(layer: nn.Module, x: torch.Tensor, *, repeats: int = 5) -> tup
     activation_bytes = sum(saved.values()) + out_tensor.numel() * out_tensor.element_size()
     grad = torch.randn_like(out_tensor)
 
-    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    from .torch_internals import stage_backward_input, stage_backward_weight
 
     f, b, w = [], [], []
     for n in range(repeats + 1):

@@ -12,6 +12,8 @@ receives, or to keep losses per microbatch, so pipeplan's runtime (`client.torch
   receives (`p2p_hooks`);
 - a stage's `forward_one_chunk`, `backward_one_chunk`, `backward_weight_one_chunk` and
   `get_{fwd,bwd}_{send,recv}_ops` (not underscored, but undocumented), which the executor wraps;
+- torch's split backward itself, `_backward.stage_backward_input` / `stage_backward_weight`, which
+  the profiler (`client.profiler`) times as B and W;
 - for one rank run alone (`client.emulated_neighbours`): a stage's `group_rank` / `group_size`, and,
   where the torch has them, `_warmup_forward_vote` / `_warmup_backward_result` (the neighbours' vote
   on static vs inferred shapes, which talks to them directly), replaced per stage
@@ -36,12 +38,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.distributed.pipelining import _backward
 from torch.distributed.pipelining import schedules as _schedules
 from torch.distributed.pipelining import stage as _stage
 
 TESTED = ("2.13",)  # torch minor versions the runtime's tests pass on
 
 _REQUIRED = (  # (owner, its names)
+    (_backward, ("stage_backward_input", "stage_backward_weight")),
     (_schedules, ("_PipelineScheduleRuntime", "_Action", "_batch_p2p", "_wait_batch_p2p")),
     (getattr(_schedules, "_PipelineScheduleRuntime", None), (
         "_load_csv", "_maybe_compute_loss", "_compute_loss", "_maybe_get_loss", "_update_losses")),
@@ -65,6 +69,7 @@ def _check() -> None:
 
 _check()
 Action = _schedules._Action
+stage_backward_input, stage_backward_weight = _backward.stage_backward_input, _backward.stage_backward_weight
 ScheduleRuntime = _schedules._PipelineScheduleRuntime
 
 
