@@ -17,7 +17,8 @@ Run:  python bench/fidelity.py --cuda --iterations 5 --json fidelity_cuda.json  
    part alone, its neighbours emulated (client.emulated_neighbours: receives arrive when planned),
    for `--iterations` traced iterations after one warm-up; then the same plan with synchronous
    copies; then ZB-H1 (no offload) on the same rank.
-3. Compare: per op kind, measured (median) vs planned duration; the rank's iteration with copy
+3. Compare: per op kind, measured (median) vs planned duration (on CUDA also the whole stage's B
+   and W alone, queued behind the pass before and started on an idle GPU); the rank's iteration with copy
    lanes and with synchronous copies vs `predicted_rank_end` of each, and their difference (the
    overlap the copies buy); the peak memory (CUDA: the caching allocator's high-water mark above
    what the iteration started with; CPU: the saved-tensor bytes the executor holds) vs the plan's
@@ -242,6 +243,39 @@ def backward_memory(blocks: list, example: torch.Tensor) -> dict[str, float]:
             "b_leaves": (before_w - before_b) / MIB}
 
 
+def stage_pass_ms(blocks: list, example: torch.Tensor, repeats: int = 3) -> dict[str, float]:
+    """CUDA: the whole stage's B and W (torch's split backward, median ms), each queued behind the
+    pass before it (as the profile times them) and started on an idle GPU (as after a receive or a
+    reload): torch walks the graph on the host before B's first kernel, which only the second shows."""
+    from pipeplan.client.torch_internals import stage_backward_input, stage_backward_weight
+
+    stage, device = torch.nn.Sequential(*blocks), example.device
+    params = list(stage.parameters())
+    samples: dict[str, list[float]] = {"B queued": [], "W queued": [], "B idle": [], "W idle": []}
+    for n in range(repeats + 1):
+        for idle in (False, True):
+            x = torch.randn_like(example).requires_grad_(True)
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            torch.cuda.synchronize(device)
+            out = stage(x)
+            if idle:
+                torch.cuda.synchronize(device)
+            marks[0].record()
+            _, groups = stage_backward_input([out], [torch.ones_like(out)], [x], iter(params))
+            marks[1].record()
+            if idle:
+                torch.cuda.synchronize(device)
+            marks[2].record()
+            stage_backward_weight(iter(params), groups)
+            marks[3].record()
+            torch.cuda.synchronize(device)
+            if n:
+                how = "idle" if idle else "queued"
+                samples[f"B {how}"].append(marks[0].elapsed_time(marks[1]))
+                samples[f"W {how}"].append(marks[2].elapsed_time(marks[3]))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 # -- 4. presets ---------------------------------------------------------------------------------------
 def host_link_gbps(device: torch.device, mib: int, width: int, dtype: torch.dtype) -> dict[str, float]:
     """GB/s of a `mib` copy each way while matrix products run on the compute stream.
@@ -357,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
             run_rank(problem, solved, rank, blocks, example, args.iterations)
     late += sync_late + own_late
     working = backward_memory(blocks, example) if device.type == "cuda" else {}
+    passes = stage_pass_ms(blocks, example) if device.type == "cuda" else {}
     link = host_link_gbps(device, args.link_mib or (1024 if device.type == "cuda" else 64), args.width, dtype)
 
     rows = []
@@ -367,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     measured_ops = op_medians(lanes)
     for kind, (count, ms) in measured_ops.items():
         rows.append(row("ops", f"{kind} (ms, median of {count} per iteration)", durations[kind], ms))
+    where = {"queued": "queued behind the pass before", "idle": "on an idle GPU"}
+    for name, ms in passes.items():  # CUDA only: which of the two the run's B and W look like
+        kind, how = name.split()
+        rows.append(row("ops", f"{kind} of the whole stage alone, {where[how]} (ms)", durations[kind], ms))
     lanes_pred = predicted_rank_end(problem, plan, rank)
     sync_pred = predicted_rank_end(problem, plan, rank, synchronous_copies=True)
     lanes_ms = statistics.median(span(t) for t in lanes)
