@@ -18,8 +18,8 @@ Run:  python bench/fidelity.py --cuda --iterations 5 --json fidelity_cuda.json  
    for `--iterations` traced iterations after one warm-up; then the same plan with synchronous
    copies; then ZB-H1 (no offload) on the same rank.
 3. Compare: per op kind, measured (median) vs planned duration (on CUDA also the whole stage's B
-   and W alone, queued behind the pass before and started on an idle GPU); the rank's iteration with copy
-   lanes and with synchronous copies vs `predicted_rank_end` of each, and their difference (the
+   and W alone, queued behind the pass before and started on an idle GPU); the rank's iteration
+   with copy lanes and with synchronous copies vs `predicted_rank_end` of each, and their difference (the
    overlap the copies buy); the peak memory (CUDA: the caching allocator's high-water mark above
    what the iteration started with; CPU: the saved-tensor bytes the executor holds) vs the plan's
    predicted peak and vs that peak with activations held until W, as torch's split backward holds
