@@ -38,7 +38,7 @@ from ..contract import Problem
 from .arrivals import forward_arrivals
 from .chunk_warmup import TIME_LIMIT_MS
 from .pipeline import backward_chain, backward_ms, backward_tail, first_backward_start, forward_head, \
-    one_stage_limited, round_trip
+    one_stage_limited, round_trip, waiting_ws
 
 
 def backward_stretches_bound(problem: Problem) -> float:
@@ -59,13 +59,12 @@ def _device(problem: Problem, d: int, k: int, arrivals: list[float]) -> float:
     cap = problem.free_mib(d)
     f, b = s.forward_ms, backward_ms(problem, k)
     w = s.backward_weight_ms if split else 0.0
-    grad = s.weight_grad_mib if split else 0.0
     off, rel, rec = s.offload_ms, s.reload_ms, s.recompute_ms  # the contract fills what was left out
     trip = round_trip(problem, k)
     first = first_backward_start(problem, k)
     chain = backward_chain(problem, k) if split else backward_tail(problem, k)
     early = sum(a < first - 1e-9 for a in arrivals)  # forwards that can start before the first backward
-    w_alone = split and s.activation_mib + grad > cap + 1e-9  # a pending W beside an activation
+    w_alone = split and s.activation_mib + s.weight_grad_mib > cap + 1e-9  # a pending W beside an activation
     # per kind: (least stretch, idle inside it that others' light work may fill)
     kinds = {"keep": (f + trip + b, trip)}
     if opts.offload and s.offloadable_mib > 0:
@@ -74,8 +73,7 @@ def _device(problem: Problem, d: int, k: int, arrivals: list[float]) -> float:
         kinds["recompute"] = (rec + b, 0.0)
     # the W's pending at the last backward's end: its own, and those held through its whole stretch
     # beside the activation (none when w_alone)
-    room = math.inf if grad <= 0 else (cap - s.activation_mib) / grad
-    most_after = m if room >= m - 1 else max(1, 1 + math.floor(room + 1e-9))
+    most_after = waiting_ws(problem, d, k)
     # One more W after the last backward saves at most w before it and costs w at the end once
     # after x w passes the chain: the best count is the knee of the chain or one past it.
     knee = max(1, min(most_after, math.floor(min(chain / w, most_after) + 1e-9))) if w > 0 else most_after

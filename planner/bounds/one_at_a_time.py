@@ -58,7 +58,7 @@ def one_at_a_time_bound(problem: Problem) -> float:
     the stretch's own W."""
     best = 0.0
     opts = problem.options
-    m = float(problem.num_microbatches)
+    m = problem.num_microbatches
     for d, k in one_stage_limited(problem):
         if k + 1 == problem.num_stages:
             continue  # the last stage's backward follows its forward: no round trip to fill
@@ -75,16 +75,14 @@ def one_at_a_time_bound(problem: Problem) -> float:
         tail = w if w_alone else 0.0
         outside_w = 0.0 if w_alone else m * w  # W's that may run anywhere
         trip = round_trip(problem, k)
-        rec_ms = s.recompute_ms if s.recompute_ms is not None else s.forward_ms
-        off_ms = s.offload_ms or 0.0
-        rel_ms = s.reload_ms if s.reload_ms is not None else off_ms
+        rec_ms, off_ms, rel_ms = s.recompute_ms, s.offload_ms, s.reload_ms  # the contract fills them
         # (stretch, idle inside it, forward outside it) per microbatch of each treatment
         kinds = [(s.forward_ms + trip + b + tail, trip, 0.0)]
-        if opts.offload and (s.offloadable_mib or 0.0) > 0:
+        if opts.offload and s.offloadable_mib > 0:
             kinds.append((s.forward_ms + off_ms + rel_ms + b + tail, off_ms + rel_ms, 0.0))
         if opts.recompute and act - s.checkpoint_mib > 0:
             kinds.append((rec_ms + b + tail, 0.0, s.forward_ms))
-        least = _least_split(kinds, problem.num_microbatches, outside_w)
+        least = _least_split(kinds, m, outside_w)
         head = forward_head(problem, k)
         # the device ends with a stretch when nothing may run after it; its B's chain then follows
         after = max(0.0, backward_chain(problem, k) - w) if w_alone or not split else 0.0

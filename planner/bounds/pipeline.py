@@ -3,6 +3,8 @@ ignored), a device's frame, and the devices the one-stage memory arguments look 
 
 from __future__ import annotations
 
+import math
+
 from ..contract import Problem
 
 
@@ -42,6 +44,17 @@ def round_trip(problem: Problem, k: int) -> float:
     included (0 for the last stage). The one formula for it: the bounds and the greedy use it."""
     after = first_backward_start(problem, k) - forward_head(problem, k) - problem.stages[k].forward_ms
     return max(0.0, after)
+
+
+def waiting_ws(problem: Problem, d: int, k: int) -> int:
+    """How many of stage k's W's can still be pending at the end of one of its B's on device d: each
+    keeps its weight gradient beside that B's activation, so at most 1 + (free - activation) /
+    weight gradient (the B's own among them), and never fewer than that one; all m without a split
+    or a weight gradient. (Memory over a vanishing gradient overflows to infinity: all m.)"""
+    s, m = problem.stages[k], problem.num_microbatches
+    grad = s.weight_grad_mib if problem.options.split_backward else 0.0
+    room = math.inf if grad <= 0 else (problem.free_mib(d) - s.activation_mib) / grad
+    return m if room >= m - 1 else max(1, 1 + math.floor(room + 1e-9))
 
 
 def device_frame(problem: Problem, d: int) -> tuple[float, float, float, float]:

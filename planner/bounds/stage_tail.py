@@ -19,10 +19,8 @@ backward chain through every other stage, with its W's held back by memory.
 
 from __future__ import annotations
 
-import math
-
 from ..contract import Problem
-from .pipeline import backward_chain, backward_ms, backward_tail, forward_head
+from .pipeline import backward_chain, backward_ms, backward_tail, forward_head, waiting_ws
 
 
 def stage_tail_bound(problem: Problem) -> float:
@@ -32,15 +30,11 @@ def stage_tail_bound(problem: Problem) -> float:
     best = 0.0
     for d in range(problem.num_devices):
         stages = problem.stages_of(d)
-        cap = problem.free_mib(d)
         for k in stages:
-            s = problem.stages[k]
-            w = s.backward_weight_ms if split else 0.0
-            grad = s.weight_grad_mib if split else 0.0
-            room = math.inf if grad <= 0 else (cap - s.activation_mib) / grad  # W's beside the last B
-            waiting = m if room >= m - 1 else max(1, 1 + math.floor(room + 1e-9))
+            w = problem.stages[k].backward_weight_ms if split else 0.0
             # released once the forwards are done: backwards of k and later stages, k's W's
-            backward = m * sum(backward_ms(problem, j) for j in stages if j >= k) + (m - waiting) * w
+            backward = (m * sum(backward_ms(problem, j) for j in stages if j >= k)
+                        + (m - waiting_ws(problem, d, k)) * w)
             forwards = [(forward_head(problem, j), m * problem.stages[j].forward_ms)
                         for j in stages if j <= k]
             released = max(r + sum(work for head, work in forwards if head >= r) for r, _ in forwards)
