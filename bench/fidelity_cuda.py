@@ -218,40 +218,22 @@ def op_medians(traces: list[DeviceTrace]) -> dict[str, tuple[int, float]]:
     return out
 
 
-def backward_memory(blocks: list, example: torch.Tensor) -> dict[str, float]:
-    """CUDA: what one microbatch's B and W allocate beyond the activations a plan counts (MiB):
-    each pass's high-water mark above what it starts with, and what B leaves for W (the output
-    gradients torch keeps for the weight gradients, beside the whole retained graph)."""
-    from pipeplan.client.torch_internals import stage_backward_input, stage_backward_weight
+def stage_passes(blocks: list, example: torch.Tensor, repeats: int = 3
+                 ) -> tuple[dict[str, float], dict[str, float]]:
+    """CUDA: the whole stage's B and W alone (torch's split backward, the plan's op kinds).
 
-    stage, device = torch.nn.Sequential(*blocks), example.device
-    params = list(stage.parameters())
-    x = torch.randn_like(example).requires_grad_(True)
-    out = stage(x)
-    grad = torch.randn_like(out)
-    torch.cuda.synchronize(device)
-    before_b = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    _, groups = stage_backward_input([out], [grad], [x], iter(params))
-    torch.cuda.synchronize(device)
-    b_peak, before_w = torch.cuda.max_memory_allocated(device), torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    stage_backward_weight(iter(params), groups)
-    torch.cuda.synchronize(device)
-    w_peak = torch.cuda.max_memory_allocated(device)
-    return {"b_above_start": (b_peak - before_b) / MIB, "w_above_start": (w_peak - before_w) / MIB,
-            "b_leaves": (before_w - before_b) / MIB}
-
-
-def stage_pass_ms(blocks: list, example: torch.Tensor, repeats: int = 3) -> dict[str, float]:
-    """CUDA: the whole stage's B and W (torch's split backward, median ms), each queued behind the
-    pass before it (as the profile times them) and started on an idle GPU (as after a receive or a
-    reload): torch walks the graph on the host before B's first kernel, which only the second shows."""
+    Times (median ms), each pass queued behind the one before (as the profile times them) and
+    started on an idle GPU (as after a receive or a reload): torch walks the graph on the host before
+    B's first kernel, which only the second shows. Memory (MiB, one microbatch, from the idle runs):
+    what B and W allocate beyond the activations a plan counts, each pass's high-water mark above
+    what it starts with, and what B leaves for W (the output gradients torch keeps for the weight
+    gradients, beside the whole retained graph)."""
     from pipeplan.client.torch_internals import stage_backward_input, stage_backward_weight
 
     stage, device = torch.nn.Sequential(*blocks), example.device
     params = list(stage.parameters())
     samples: dict[str, list[float]] = {"B queued": [], "W queued": [], "B idle": [], "W idle": []}
+    memory: dict[str, float] = {}
     for n in range(repeats + 1):
         for idle in (False, True):
             x = torch.randn_like(example).requires_grad_(True)
@@ -260,20 +242,29 @@ def stage_pass_ms(blocks: list, example: torch.Tensor, repeats: int = 3) -> dict
             out = stage(x)
             if idle:
                 torch.cuda.synchronize(device)
+                before_b = torch.cuda.memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
             marks[0].record()
             _, groups = stage_backward_input([out], [torch.ones_like(out)], [x], iter(params))
             marks[1].record()
             if idle:
                 torch.cuda.synchronize(device)
+                b_peak = torch.cuda.max_memory_allocated(device)
+                before_w = torch.cuda.memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
             marks[2].record()
             stage_backward_weight(iter(params), groups)
             marks[3].record()
             torch.cuda.synchronize(device)
+            if idle:
+                memory = {"b_above_start": (b_peak - before_b) / MIB,
+                          "w_above_start": (torch.cuda.max_memory_allocated(device) - before_w) / MIB,
+                          "b_leaves": (before_w - before_b) / MIB}
             if n:
                 how = "idle" if idle else "queued"
                 samples[f"B {how}"].append(marks[0].elapsed_time(marks[1]))
                 samples[f"W {how}"].append(marks[2].elapsed_time(marks[3]))
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return {name: statistics.median(values) for name, values in samples.items()}, memory
 
 
 # -- 4. presets ---------------------------------------------------------------------------------------
@@ -390,8 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         own, own_peaks, own_late = (lanes, lanes_peaks, []) if solved is plan else \
             run_rank(problem, solved, rank, blocks, example, args.iterations)
     late += sync_late + own_late
-    working = backward_memory(blocks, example) if device.type == "cuda" else {}
-    passes = stage_pass_ms(blocks, example) if device.type == "cuda" else {}
+    passes, working = stage_passes(blocks, example) if device.type == "cuda" else ({}, {})
     link = host_link_gbps(device, args.link_mib or (1024 if device.type == "cuda" else 64), args.width, dtype)
 
     rows = []
