@@ -22,11 +22,12 @@ Run:  python bench/fidelity.py --cuda --iterations 5 --json fidelity_cuda.json  
    with copy lanes and with synchronous copies vs `predicted_rank_end` of each, and their difference (the
    overlap the copies buy); the peak memory (CUDA: the caching allocator's high-water mark above
    what the iteration started with; CPU: the saved-tensor bytes the executor holds) vs the plan's
-   predicted peak and vs that peak with activations held until W, as torch's split backward holds
-   them (planner.runtimes.torch_peaks), with offload and without. Weight gradients are zeroed, not
-   freed, between iterations: static memory (Device.static_mib), which a plan's peak is above. On
-   CUDA also B's and W's working memory (their high-water marks above their start for one
-   microbatch, which no plan counts) and each predicted peak plus the larger of the two.
+   predicted peak and vs that peak with activations held until W and the profiled output gradients
+   beside them, as torch's split backward holds them (planner.runtimes.torch_peaks), with offload
+   and without. Weight gradients are zeroed, not freed, between iterations: static memory
+   (Device.static_mib), which a plan's peak is above. On CUDA also what B leaves for W for one
+   microbatch (the allocator's growth across B, against the profile's output_grad_mib) and B's and
+   W's working memory beyond it, which no plan counts.
 4. Presets: achieved TFLOP/s of F, B and W (bench/llama_stage.py's FLOPs over the profiled times;
    the profile times torch's split backward's own two passes) and of F and B+W in the run,
    beside the preset's calibrated rate (peak x bf16_efficiency), and the host link's GB/s each way
@@ -123,6 +124,15 @@ def stage_problem(args: argparse.Namespace, groups: list[dict], hw: Hardware, el
         "devices": [{"memory_limit_mib": None} for _ in range(args.devices)],
         "metadata": {"bench": "fidelity --cuda", "width": args.width, "blocks": args.blocks,
                      "seq": args.seq}})
+
+
+def with_output_grads(problem: Problem, mib: float) -> Problem:
+    """`problem` with every stage's B keeping `mib` of output gradients for W (torch's view of it;
+    the plans are solved in Zero Bubble's model, which counts none)."""
+    doc = problem.model_dump(mode="json")
+    for stage in doc["stages"]:
+        stage["output_grad_mib"] = mib or None
+    return Problem.model_validate(doc)
 
 
 def plans(problem: Problem, seconds: float) -> tuple[Plan, Plan, int]:
@@ -421,22 +431,19 @@ def main(argv: list[str] | None = None) -> int:
     runs = [(f"the solver's plan ({solved.method}, no offload)", problem, solved, max(own_peaks))] \
         if solved is not plan else []
     runs += [("the offload plan", problem, plan, peak), ("ZB-H1 without offload", base, plain, dense_peak)]
+    kept = sum(g.get("output_grad_mib", 0.0) for g in groups)  # what B leaves for W, as profiled
     for name, prob, ran, measured in runs:  # as planned, and as torch's split backward holds it
         rows += [row("memory", f"peak, {name} (MiB)", ran.peak_memory_mib[rank], measured),
                  row("memory", f"peak, {name}, held until W as torch does (MiB)",
-                     (torch_peaks(prob, ran) or ran.peak_memory_mib)[rank], measured)]
-    if working:  # CUDA only: the allocator's transients, which no plan counts
-        rows += [row("memory", "B's working memory: its peak above its start, one microbatch (MiB)", 0.0,
-                     working["b_above_start"]),
-                 row("memory", "W's working memory: its peak above its start, one microbatch (MiB)", 0.0,
-                     working["w_above_start"]),
-                 row("memory", "B leaves for W beside the graph, one microbatch (MiB; predicted:"
-                     " weight_grad_mib)", problem.stages[0].weight_grad_mib, working["b_leaves"])]
-        most = max(working["b_above_start"], working["w_above_start"])
-        for name, prob, ran, measured in runs:
-            predicted = (torch_peaks(prob, ran) or ran.peak_memory_mib)[rank] + most
-            rows.append(row("memory", f"peak, {name}, held until W, plus the larger working memory (MiB)",
-                            predicted, measured))
+                     (torch_peaks(with_output_grads(prob, kept), ran) or ran.peak_memory_mib)[rank],
+                     measured)]
+    if working:  # CUDA only: what the allocator saw B leave for W, and its transients beyond
+        rows += [row("memory", "B leaves for W beside the graph, one microbatch (MiB; predicted: the"
+                     " profile's output_grad_mib)", kept, working["b_leaves"]),
+                 row("memory", "B's working memory beyond what it leaves, one microbatch (MiB; no plan"
+                     " counts it)", 0.0, working["b_above_start"] - working["b_leaves"]),
+                 row("memory", "W's working memory: its peak above its start, one microbatch (MiB; no"
+                     " plan counts it)", 0.0, working["w_above_start"])]
     saved = plain.peak_memory_mib[rank] - plan.peak_memory_mib[rank]
     rows.append(row("memory", "saved by offload (MiB)", saved, dense_peak - peak))
     flops = {k: args.blocks * v for k, v in block_flops(args.width, args.seq).items()}

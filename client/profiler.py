@@ -13,6 +13,9 @@ width 4096 the run's W took 1.29x that), and timing a weight pass of its own ove
 the activation gradients again (1.68x the run's backward on an H200; docs/torch.md, "On a GPU").
 Saved-activation bytes = what autograd saves during the forward (saved-tensor hooks, parameters and
 the layer's input excluded, views of one tensor counted once) plus the output the next layer receives.
+Output-gradient bytes = what B leaves in torch's param groups for W (the gradients of the
+weight-consuming ops' outputs), which torch holds beside the activation until W: on an H200 the
+allocator grew by exactly this across B (docs/torch.md, "On a GPU").
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ def profile_layer(layer: nn.Module, x: torch.Tensor, *, repeats: int = 5
     activation_bytes = sum(saved.values()) + out_tensor.numel() * out_tensor.element_size()
     grad = torch.randn_like(out_tensor)
 
-    from .torch_internals import stage_backward_input, stage_backward_weight
+    from .torch_internals import output_grad_bytes, stage_backward_input, stage_backward_weight
 
     f, b, w = [], [], []
     for n in range(repeats + 1):
@@ -105,9 +108,16 @@ def profile_layer(layer: nn.Module, x: torch.Tensor, *, repeats: int = 5
         if n:  # the first run warms caches and kernels up
             f.append(took_f), b.append(took_b), w.append(took_w if params else 0.0)
         x.grad = None  # a stage's input is new each microbatch; its weights' gradients accumulate
+    kept = 0
+    if params:  # once more, untimed: what B leaves for W (W takes it out of the groups)
+        for work in (forward, output_for_b, backward_input):
+            work()
+        kept = output_grad_bytes(held["groups"])
+        backward_weight()
+        x.grad = None
     numbers = {"forward_ms": statistics.median(f), "backward_input_ms": statistics.median(b),
                "backward_weight_ms": statistics.median(w),
-               "activation_mib": activation_bytes / MIB,
+               "activation_mib": activation_bytes / MIB, "output_grad_mib": kept / MIB,
                "params": float(sum(p.numel() for p in layer.parameters()))}
     return numbers, out_tensor.detach()
 

@@ -73,6 +73,19 @@ stage_backward_input, stage_backward_weight = _backward.stage_backward_input, _b
 ScheduleRuntime = _schedules._PipelineScheduleRuntime
 
 
+def output_grad_bytes(param_groups: list[dict[str, Any]]) -> int:
+    """Bytes of the gradients `stage_backward_input` left in its param groups for
+    `stage_backward_weight` (each group's "grads": the gradients of the weight-consuming ops'
+    outputs), each storage counted once. An empty list where B ran nothing."""
+    sizes: dict[int, int] = {}
+    for group in param_groups:
+        for grads in group.get("grads") or ():
+            for t in grads if isinstance(grads, (tuple, list)) else (grads,):
+                if isinstance(t, torch.Tensor):
+                    sizes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(sizes.values())
+
+
 def load_csv_text(runtime: ScheduleRuntime, csv_text: str) -> None:
     """Load a compute-only schedule CSV into `runtime` with torch's own loader (it reads a file)."""
     fd, path = tempfile.mkstemp(suffix=".csv")

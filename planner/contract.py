@@ -82,13 +82,18 @@ class Stage(BaseModel):
     weight_grad_mib: float = 0.0
     offloadable_mib: float | None = None
     checkpoint_mib: float = 0.0
+    output_grad_mib: float | None = Field(
+        default=None, description="What B allocates and keeps until W's end beside the activation: the"
+        " gradients of the weight-consuming ops' outputs, which W multiplies by their inputs (torch's split"
+        " backward keeps them; None = 0, as Zero Bubble's model counts). Not part of the activation.")
     reduce_ms: float | None = Field(
         default=None, description="Data-parallel gradient reduction of the stage once its last weight"
         " gradient is done, on its device's reduce lane (None = 0: no data parallelism).")
 
     _finite = field_validator(
         "forward_ms", "backward_input_ms", "backward_weight_ms", "recompute_ms", "offload_ms",
-        "reload_ms", "activation_mib", "weight_grad_mib", "offloadable_mib", "checkpoint_mib", "reduce_ms",
+        "reload_ms", "activation_mib", "weight_grad_mib", "offloadable_mib", "checkpoint_mib",
+        "output_grad_mib", "reduce_ms",
     )(_finite_non_negative)
 
     @field_validator("forward_ms", "backward_input_ms")
@@ -282,6 +287,10 @@ class Problem(BaseModel):
         """The stage's gradient reduction time (0 without data parallelism)."""
         return self.stages[stage].reduce_ms or 0.0
 
+    def output_grad_of(self, stage: int) -> float:
+        """What the stage's B allocates and holds until its W ends (0 when the problem gives none)."""
+        return self.stages[stage].output_grad_mib or 0.0
+
     def optimizer_of(self, device: int) -> float:
         """The device's optimizer step time (0 when the problem gives none)."""
         return self.devices[device].optimizer_ms or 0.0
@@ -332,7 +341,7 @@ class Problem(BaseModel):
 
 
 ADDED_DEVICE_FIELDS = ("host_memory_limit_mib", "optimizer_ms")
-ADDED_STAGE_FIELDS = ("reduce_ms",)
+ADDED_STAGE_FIELDS = ("reduce_ms", "output_grad_mib")
 ADDED_PROBLEM_FIELDS = ("workload",)
 
 

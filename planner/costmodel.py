@@ -106,6 +106,7 @@ class LayerCost(BaseModel):
     activation_bytes: float
     weight_grad_bytes: float
     params: float
+    output_grad_bytes: float = 0.0  # what B keeps for W beside the activation: profiled only
     static_bytes: float  # weights, gradients and optimizer state kept on the device
     flops: float  # forward FLOPs (for the model summary)
     model_flops: float = 0.0  # forward FLOPs, causal attention counted as computed (for MFU)
@@ -481,6 +482,7 @@ def layer_costs(spec: Spec) -> list[LayerCost]:
             backward_weight_ms=g.backward_weight_ms if g.backward_weight_ms is not None else bw,
             activation_bytes=act,
             weight_grad_bytes=min(wg, act),
+            output_grad_bytes=(g.output_grad_mib or 0.0) * MIB,
             params=g.params if g.params is not None else p.params,
             static_bytes=0.0,
             flops=p.linear_flops + p.core_flops,
@@ -582,6 +584,8 @@ def build_problem(spec: Spec, partition: list[list[int]], placement: str | None 
         layer = costs[lo:hi]
         act = sum(c.activation_bytes for c in layer)
         wg = sum(c.weight_grad_bytes for c in layer)
+        # torch's first stage runs its whole backward in W: no output gradients wait there
+        og = 0.0 if frees_at_w and k == 0 else sum(c.output_grad_bytes for c in layer)
         fwd = sum(c.forward_ms for c in layer)
         ckpt = min(boundary if lo > 0 else m.micro_batch_size * m.seq_len * 8, act)
         offload = act / host_bytes_per_ms
@@ -601,6 +605,7 @@ def build_problem(spec: Spec, partition: list[list[int]], placement: str | None 
             recompute_ms=_r_pos(fwd), offload_ms=_r(max(offload, 1e-4)),
             activation_mib=_r(act / MIB), weight_grad_mib=_r((act if frees_at_w else min(wg, act)) / MIB),
             offloadable_mib=_r(act / MIB), checkpoint_mib=_r(min(ckpt, act) / MIB),
+            output_grad_mib=_r(og / MIB) if og else None,
             reduce_ms=_r(reduce) if reduce else None,
         ))
     budgets = t.memory_budget_gib if isinstance(t.memory_budget_gib, list) else [t.memory_budget_gib] * t.devices

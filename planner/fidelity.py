@@ -266,7 +266,7 @@ def calibrated_problem(problem: Problem, traces: list[Trace]) -> Problem:
         "revisions": sorted({t.revision for t in traces}), "runtime_overhead_ms": overhead}}
     torch_split = any(t.metadata.get("runtime") == PIPEPLAN_RUNTIME for t in traces)
     held = None if torch_split else [k for k, c in enumerate(costs) if _backward_ran_in_w(c)]
-    return held_until_w(Problem.model_validate(doc), held)
+    return held_until_w(Problem.model_validate(doc), held, whole_in_w=held if held is not None else (0,))
 
 
 def retime(problem: Problem, plan: Plan) -> float:

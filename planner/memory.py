@@ -114,16 +114,21 @@ def recompute_ms(problem: Problem, choices: dict[tuple[int, int], Choice]) -> fl
     return sum(problem.stages[k].recompute_ms for (k, _), c in choices.items() if c.recompute)
 
 
-def held_until_w(problem: Problem, stages: Iterable[int] | None = None) -> Problem:
+def held_until_w(problem: Problem, stages: Iterable[int] | None = None,
+                 whole_in_w: Iterable[int] = (0,)) -> Problem:
     """`problem` as torch's split backward holds memory: each of `stages` (default every stage)
     keeps a microbatch's saved activations from its B to its W (`weight_grad_mib` =
     `activation_mib`). torch's B computes the input gradients with the autograd graph retained for
-    W, so it frees nothing, and on the first stage it does nothing at all (W runs the whole
-    backward); docs/torch.md, "On a GPU"."""
+    W, so it frees nothing, and keeps the output gradients W needs (`output_grad_mib`, kept). On
+    the stages of `whole_in_w` (the first, whose input needs no gradient) B does nothing at all and
+    W runs the whole backward, freeing as it goes: no output gradients are held there.
+    docs/torch.md, "On a GPU"."""
     held = set(range(problem.num_stages) if stages is None else stages)
     if not held:
         return problem
     doc = problem.model_dump(mode="json")
     for k in held:
         doc["stages"][k]["weight_grad_mib"] = doc["stages"][k]["activation_mib"]
+        if k in set(whole_in_w):
+            doc["stages"][k]["output_grad_mib"] = None
     return Problem.model_validate(doc)

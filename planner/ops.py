@@ -147,9 +147,9 @@ def memory_delta(problem: Problem, op: Op, choice: Choice) -> MemoryDelta:
         case Kind.F:
             return MemoryDelta(s.checkpoint_mib if choice.recompute else s.activation_mib, 0.0)
         case Kind.B:
-            return MemoryDelta(0.0, -(s.activation_mib - s.weight_grad_mib))
+            return MemoryDelta(problem.output_grad_of(op.stage), -(s.activation_mib - s.weight_grad_mib))
         case Kind.W:
-            return MemoryDelta(0.0, -s.weight_grad_mib)
+            return MemoryDelta(0.0, -(s.weight_grad_mib + problem.output_grad_of(op.stage)))
         case Kind.BW:
             return MemoryDelta(0.0, -s.activation_mib)
         case Kind.OFFLOAD:

@@ -446,8 +446,9 @@ def _reliefs(problem: Problem, schedule: Schedule, timing: Timing, device: int, 
             choice = timing.choices[(k, i)]
             f_start, f_end = timing.times[Op(Kind.F, k, i)]
             back = timing.times[_backward(choice, k, i)]
-            if choice.split and back[1] <= at < timing.times[Op(Kind.W, k, i)][0] and s.weight_grad_mib > 0:
-                pulls.append((s.weight_grad_mib, Op(Kind.W, k, i)))
+            held = s.weight_grad_mib + problem.output_grad_of(k)
+            if choice.split and back[1] <= at < timing.times[Op(Kind.W, k, i)][0] and held > 0:
+                pulls.append((held, Op(Kind.W, k, i)))
             if choice.offload or choice.recompute or not f_start <= at < back[0]:
                 continue
             j = bisect.bisect_right(ready, f_end)  # its turn in the copy lane, by forward

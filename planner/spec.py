@@ -47,6 +47,9 @@ class LayerGroup(BaseModel):
     backward_weight_ms: float | None = Field(default=None, ge=0)
     activation_mib: float | None = Field(default=None, ge=0)
     weight_grad_mib: float | None = Field(default=None, ge=0)
+    output_grad_mib: float | None = Field(
+        default=None, ge=0, description="what B keeps for W beside the activation (Stage.output_grad_mib);"
+        " measured by `pipeplan profile`, else none")
     params: float | None = Field(default=None, ge=0, description="parameter count of one layer")
 
 

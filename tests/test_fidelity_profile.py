@@ -72,3 +72,23 @@ def test_profiled_backward_is_the_backward_a_training_step_takes(monkeypatch):
     each = 2.0 * rows * sum(n * k for n, k in sizes)
     passes = (numbers["forward_ms"], numbers["backward_input_ms"], numbers["backward_weight_ms"])
     assert passes == (each, each, each)
+
+
+def test_profiled_output_gradients_are_what_b_leaves_for_w():
+    """torch's B keeps, for W, the gradient of every weight-consuming op's output: in a Llama-like
+    block q, k, v, o and down (width each), gate and up (ffn each) and the two norms' scales (width
+    each), per token. The profile reads them from torch's own param groups; on an H200 the allocator
+    grew by exactly that across B (1,584 MiB for 4 blocks at width 4096, docs/torch.md)."""
+    import torch
+
+    from bench.llama_stage import ffn_width, make_stage
+    from pipeplan.client.profiler import profile_stack
+
+    width, seq = 128, 32
+    blocks = make_stage(width, 2, torch.float32, torch.device("cpu"))
+    groups = profile_stack([("dense", b) for b in blocks], torch.randn(1, seq, width), repeats=1)
+    per_block = seq * (7 * width + 2 * ffn_width(width)) * 4 / 2**20
+    assert [g["output_grad_mib"] for g in groups] == [pytest.approx(per_block, abs=1e-6)] * 2
+    head = torch.nn.Linear(width, 64)  # one product: the gradient it is handed is what W needs
+    (group,) = profile_stack([("head", head)], torch.randn(seq, width), repeats=1)
+    assert group["output_grad_mib"] == pytest.approx(seq * 64 * 4 / 2**20, abs=1e-6)

@@ -219,17 +219,30 @@ class _Engine:
             return []
         st = self.p.stages[z]
         op = Op(Kind.F, z, self.nf[z])
-        amount = st.checkpoint_mib if self._choice_of(z, op.mb).recompute else st.activation_mib
+        amount = self._forward_mib(z, self._choice_of(z, op.mb))
         start = max(r, s)
         return [(start, 1, amount, op), (start + st.forward_ms + st.backward_input_ms, 0, -amount, op)]
 
     def _next_free_time(self, d: int, t: float) -> float:
         return min((ev[0] for ev in self.future[d] if ev[2] < 0 and ev[0] > t + TOL), default=math.inf)
 
+    def _forward_mib(self, k: int, ch: Choice) -> float:
+        """What a forward of stage k holds from its start, as the engine counts it: its activation
+        (its checkpoint if recomputed) and its B's output gradients, counted from F rather than from
+        B's start so that a B, which is never held back for memory, never needs room nobody kept."""
+        s = self.p.stages[k]
+        return (s.checkpoint_mib if ch.recompute else s.activation_mib) + self._output_grad(k)
+
+    def _output_grad(self, k: int) -> float:
+        return self.p.output_grad_of(k) if self.split else 0.0
+
     def _add_mem(self, d: int, op: Op, start: float, end: float) -> None:
         if not self.mem_on:
             return
         delta = memory_delta(self.p, op, self.choice[(op.stage, op.mb)])
+        if op.kind in (Kind.F, Kind.B):  # B's output gradients from F (see _forward_mib)
+            moved = self._output_grad(op.stage) * (1 if op.kind is Kind.F else -1)
+            delta = delta._replace(at_start=delta.at_start + moved)
         if delta.at_start:
             self.future[d].append((start, 1, delta.at_start, op))
         if delta.at_end:
@@ -525,7 +538,7 @@ class _Engine:
                 continue
             ch = self._choice_of(k, self.nf[k])
             s = self.p.stages[k]
-            alloc = s.checkpoint_mib if ch.recompute else s.activation_mib
+            alloc = self._forward_mib(k, ch)
             # The last stage's forward needs no reserve: its own B follows with no restore in between,
             # so its memory always comes back (reserving one there can deadlock a device that barely
             # fits the LM head's activation).
@@ -577,9 +590,8 @@ class _Engine:
             raise _Failed(f"fixed order on device {d}: {op} out of turn")
         recompute_first = op.kind in (Kind.B, Kind.BW) and self._ready_recompute(k) is not None
         if op.kind is Kind.F:
-            s = self.p.stages[k]
             r = self._ready_f(k)
-            amount = s.checkpoint_mib if self._choice_of(k, i).recompute else s.activation_mib
+            amount = self._forward_mib(k, self._choice_of(k, i))
         elif op.kind is Kind.W:
             r, amount = self._ready_w(k), 0.0
         elif recompute_first:

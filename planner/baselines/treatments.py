@@ -103,7 +103,7 @@ def fractional_treat(problem: Problem, slack: float) -> Treat | None:
         d = s.device
         budget = slack * period * problem.free_mib(d) / problem.chunks
         to_b = first_backward_start(problem, k) - forward_head(problem, k) + s.backward_input_ms
-        rest = s.weight_grad_mib * s.backward_weight_ms
+        rest = (s.weight_grad_mib + problem.output_grad_of(k)) * s.backward_weight_ms
         resident = s.activation_mib * to_b + rest
         need = resident - budget
         share_off = share_rec = 0.0

@@ -15,13 +15,17 @@ def min_memory(problem: Problem) -> list[float]:
     resident, and every earlier stage j < k on d still holds that microbatch's activation at least
     at its residue (what stays after offload or with recompute). Running microbatches one at a time
     with every activation reduced to its residue reaches exactly this, so the bound is tight: a
-    budget at or above it is always feasible.
+    budget at or above it is always feasible. With `split_backward` B also allocates its output
+    gradients (`output_grad_mib`) beside the activation: counted, since the solvers split every
+    backward the problem lets them (a problem whose schedules should run BW's says split_backward
+    false).
     """
     needed = []
     for d in range(problem.num_devices):
         worst, held = 0.0, 0.0
         for k in problem.stages_of(d):
-            worst = max(worst, held + problem.stages[k].activation_mib)
+            during_b = problem.output_grad_of(k) if problem.options.split_backward else 0.0
+            worst = max(worst, held + problem.stages[k].activation_mib + during_b)
             held += residue_mib(problem, k)
         needed.append(problem.devices[d].static_mib + worst)
     return needed

@@ -269,7 +269,8 @@ class CpsatModel:
 
         Level over time, per mode (a = activation, g = weight-grad part, o = offloadable, c = checkpoint;
         bend/wend = ends of B and W): plain a on [F, bend), g on [bend, wend); offloaded as plain but
-        a - o on [OFFLOAD end, RELOAD start); recomputed c on [F, RECOMPUTE start), then as plain.
+        a - o on [OFFLOAD end, RELOAD start); recomputed c on [F, RECOMPUTE start), then as plain. In
+        every mode, B's output gradients on [B start, wend).
         """
         s = self.p.stages[k]
         sm = self.sc.m
@@ -295,6 +296,8 @@ class CpsatModel:
             lo, cs = min(c, g), (pv.c, 0)
             out += [(f, wend, lo, lit), (f, bend, c - lo, lit),
                     (cs, wend, g - lo, lit), (cs, bend, a - max(c, g), lit)]
+        if self.split:
+            out.append(((pv.b, 0), wend, sm(self.p.output_grad_of(k)), None))
         return [p for p in out if p[2] > 0]
 
     def _memory(self, k: int, i: int, pv: PairVars) -> None:

@@ -293,14 +293,18 @@ def _memory_rows(problem: Problem, solver, lanes, s, dur, prec, off, horizon) ->
         if cap == float("inf"):
             continue
         pairs = sorted({(o.stage, o.mb) for o in lane_ops})
-        total = sum(problem.stages[k].activation_mib + (problem.stages[k].offloadable_mib or 0.0) for k, _ in pairs)
+        total = sum(problem.stages[k].activation_mib + (problem.stages[k].offloadable_mib or 0.0)
+                    + problem.output_grad_of(k) for k, _ in pairs)
         events = [(Op(Kind.F, k, i), None) for k, i in pairs] + [(None, p) for p in pairs if p in off]
         for fwd, rel in events:
             at = s[fwd] if fwd is not None else off[rel][2]
             terms = []
             for k, i in pairs:
                 st = problem.stages[k]
-                a, g = st.activation_mib, (st.weight_grad_mib if split else 0.0)
+                # B's output gradients counted from F (only F and RELOAD starts are checked), so the
+                # rows may only over-count: a + o on [F, B), g + o on [B, W)
+                o_g = problem.output_grad_of(k) if split else 0.0
+                a, g = st.activation_mib + o_g, (st.weight_grad_mib + o_g if split else 0.0)
                 f_op = Op(Kind.F, k, i)
                 b_op = Op(Kind.B if split else Kind.BW, k, i)
                 if fwd is not None:

@@ -168,6 +168,8 @@ class _Model:
                         out.append((grad, f_s, w_e, rec.Not()))
                 elif grad > 0:
                     out.append((grad, f_s, w_e, None))
+                if self.split:
+                    out.append((p.output_grad_of(k), self.starts[(Kind.B, k, r)], w_e, None))
         return [(math.ceil(a), st, en, lit) for a, st, en, lit in out if a > 0]
 
     def _memory(self) -> None:

@@ -65,7 +65,8 @@ def scale_for(problem: Problem) -> Scale:
         ts = int(min(1e5, max(1.0, TICKS_PER_SHORTEST / smallest)))
     mv = []
     for s in problem.stages:
-        mv += [s.activation_mib, s.weight_grad_mib, s.offloadable_mib or 0.0, s.checkpoint_mib]
+        mv += [s.activation_mib, s.weight_grad_mib, s.offloadable_mib or 0.0, s.checkpoint_mib,
+               s.output_grad_mib or 0.0]
     for d in problem.devices:
         mv += [d.static_mib] + ([d.memory_limit_mib] if d.memory_limit_mib is not None else [])
     ms = _exact_scale(mv, _MEM_SCALES)
