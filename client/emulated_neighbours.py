@@ -6,10 +6,15 @@ and receives go through instead of torch.distributed:
 
 - a receive (RECV_F / RECV_B) completes at its planned arrival: the planned end of the producing op
   on the neighbour (F of the stage before, B or BW of the stage after) plus the problem's link time,
-  counted from the iteration's start. The wait is on the host (on CUDA the iteration starts from a
-  synchronized device, so host and GPU clocks start together): the compute the receive gates is not
-  issued before the data "arrives", as with a real receive; the buffer is then filled with fixed
-  random data (its values only need to be finite and the same every run);
+  counted from the iteration's start (on CUDA the iteration starts from a synchronized device, so
+  host and GPU clocks start together); the buffer is then filled with fixed random data (its values
+  only need to be finite and the same every run). On CPU the host waits for the arrival. On CUDA
+  the wait is the GPU's, as a NCCL receive's `wait()` orders the compute stream behind the receive
+  and lets the host go on: the host is let go up to `LEAD_S` before the arrival (a stream that has
+  drained by then gets a spin kernel lasting until the arrival), so it queues what follows while
+  the GPU waits. A host that waited instead would start the kernels late by its own launch work
+  (torch walks B's autograd graph before B's first kernel: 3 ms of a 19.5-ms B at width 4096 on
+  an H200, docs/torch.md "On a GPU");
 - a send completes at once (the neighbour takes whatever we send, whenever we send it).
 
 So a rank whose own ops keep to the plan meets every receive where the plan put it, and a rank that
@@ -103,6 +108,9 @@ class _Posted:
     buffers: list[torch.Tensor]
 
 
+LEAD_S = 0.005  # CUDA: how long before an arrival the host may go on to queue what follows
+
+
 class EmulatedNeighbours:
     """The ranks around one rank: receives arrive at their planned times, sends complete at once."""
 
@@ -113,10 +121,13 @@ class EmulatedNeighbours:
         self.waited_ms: dict[Label, float] = {}  # how long each receive of the last iteration waited
         self._t0 = time.perf_counter()
         self._payloads: dict[tuple, torch.Tensor] = {}
+        self._spin_hz: float | None = None  # CUDA: the spin kernel's cycles per second
 
     def begin_iteration(self) -> None:
         """Start the iteration's clock (on CUDA once the device has finished the previous one)."""
         if self.device.type == "cuda":  # CUDA only: host and GPU start the iteration together
+            if self._spin_hz is None:
+                self._spin_hz = _spin_hz(self.device)
             torch.cuda.synchronize(self.device)
         self.waited_ms = {}
         self._t0 = time.perf_counter()
@@ -133,11 +144,27 @@ class EmulatedNeighbours:
         at = self.arrival_ms.get(posted.label)
         if at is not None:
             before = time.perf_counter()
-            wait_until(self._t0 + at / 1000.0)
+            if self.device.type == "cuda":  # CUDA only: the GPU waits, the host goes on
+                self._arrive_on_gpu(self._t0 + at / 1000.0)
+            else:
+                wait_until(self._t0 + at / 1000.0)
             self.waited_ms[posted.label] = (time.perf_counter() - before) * 1000.0
         for buffer in posted.buffers:
             with torch.no_grad():
                 buffer.copy_(self._payload(buffer, gradient=posted.label[0] == "RECV_B"))
+
+    def _arrive_on_gpu(self, deadline: float) -> None:
+        """Return once the compute stream cannot start what follows before `deadline`: the host
+        waits until LEAD_S before it, then until the stream drains (it gets a spin kernel lasting
+        until the deadline) or the deadline passes (the data is there before the GPU could use it)."""
+        wait_until(deadline - LEAD_S)
+        stream = torch.cuda.current_stream(self.device)
+        while (now := time.perf_counter()) < deadline:
+            if stream.query():
+                with torch.cuda.device(self.device):
+                    torch.cuda._sleep(int((deadline - now) * (self._spin_hz or _spin_hz(self.device))))
+                return
+            time.sleep(0)
 
     def _payload(self, like: torch.Tensor, *, gradient: bool) -> torch.Tensor:
         key = (tuple(like.shape), like.dtype, str(like.device), gradient)
@@ -146,6 +173,20 @@ class EmulatedNeighbours:
             scale = 1e-3 if gradient else 1.0  # gradients small, as a loss's are; activations unit-scale
             self._payloads[key] = (torch.randn(like.shape, generator=g) * scale).to(like.dtype).to(like.device)
         return self._payloads[key]
+
+
+def _spin_hz(device: torch.device, cycles: int = 20_000_000) -> float:
+    """Cycles per second of `torch.cuda._sleep`'s spin kernel on `device` (the SM clock), timed with
+    CUDA events over ~10 ms alone on the GPU, as it later runs, after one spin that lets the clock
+    rise."""
+    with torch.cuda.device(device):
+        torch.cuda._sleep(cycles)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+    return cycles / (start.elapsed_time(end) / 1000.0)
 
 
 def ensure_process_group() -> bool:

@@ -128,6 +128,44 @@ def test_cuda_event_trace_is_ordered_and_receives_arrive_when_planned():
         assert consumer.start_ms >= at - 0.2, (kind, mb, consumer.start_ms, at)
 
 
+class _HostWork(torch.nn.Module):
+    """Host time before a stage's first kernel, as torch's walk of B's graph before B's."""
+
+    def forward(self, x):
+        import time
+
+        time.sleep(HOST_S)
+        return x
+
+
+HOST_S = 0.003
+
+
+def test_the_host_queues_what_a_receive_gates_while_the_gpu_waits_for_it():
+    """As with a NCCL receive, the GPU waits for an emulated arrival and the host goes on: a forward
+    that spends 3 ms on the host before its first kernel still starts its kernels at the arrival, so
+    its traced span (from the arrival, on the GPU's clock) is its kernels' alone. A host that waited
+    for the arrival would add the 3 ms to every forward."""
+    problem = _problem(5.0)
+    plan = planned(problem, offload=set(), recompute=set())
+    blocks = make_blocks(problem.num_stages, WIDTH)
+    modules = {k: torch.nn.Sequential(_HostWork(), blocks[k]).cuda() for k in problem.stages_of(RANK)}
+    with single_process_group():
+        run = one_rank_schedule(problem, plan, RANK, modules, torch.zeros(ROWS, WIDTH, device="cuda"))
+        try:
+            for _ in range(2):
+                run.step()
+            trace = run.schedule.local_trace()
+        finally:
+            run.close()
+    ops = {(o.kind, o.stage, o.mb): o for o in trace.ops}
+    for (kind, k, mb), at in arrivals(problem, plan, RANK).items():
+        if kind == "RECV_F":
+            f = ops[("F", k, mb)]
+            assert at - 0.2 <= f.start_ms <= at + 0.5, (mb, f.start_ms, at)
+            assert f.end_ms - f.start_ms < 1000 * HOST_S, (mb, f.end_ms - f.start_ms)
+
+
 def test_allocator_peak_with_offload_is_below_the_unoffloaded_peak():
     """The plain plan holds up to 3 microbatches' activations on rank 1 (32 MiB each); offloading
     every one of them keeps the allocator's high-water mark at least half a microbatch lower."""
