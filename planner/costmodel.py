@@ -106,7 +106,7 @@ class LayerCost(BaseModel):
     activation_bytes: float
     weight_grad_bytes: float
     params: float
-    output_grad_bytes: float = 0.0  # what B keeps for W beside the activation: profiled only
+    output_grad_bytes: float = 0.0  # torch's split backward: what B keeps for W beside the activation
     static_bytes: float  # weights, gradients and optimizer state kept on the device
     flops: float  # forward FLOPs (for the model summary)
     model_flops: float = 0.0  # forward FLOPs, causal attention counted as computed (for MFU)
@@ -129,6 +129,9 @@ class _Parts(BaseModel):
     core_flops: float = 0.0  # attention scores and weighted sum, every score counted (or SSD scan)
     act: float = 0.0
     wgrad: float = 0.0
+    # torch's split backward: the output gradients of the weight-consuming ops (norm scales included),
+    # which B allocates beside the activation and W needs (Zero Bubble's `wgrad` counts them within it)
+    ograd: float = 0.0
     params: float = 0.0
     hbm_bytes: float = 0.0  # memory-bound work per pass (embedding)
     # subsets, for the parallel / calibrated estimate
@@ -161,8 +164,9 @@ def _attention(m: ModelSpec, t: Training) -> _Parts:
     # W needs the inputs of QKV and O projections and the gradients of their outputs
     wgrad = 2 * h + 2 * q + 2 * (q + 2 * kv) + 2 * h
     params = 2 * h * q + 2 * h * kv + h  # + norm
+    ograd = 2 * (q + 2 * kv) + 2 * h + 2 * h  # QKV, O and the norm's scale
     return _Parts(linear_flops=linear, core_flops=core, act=b * s * act, wgrad=b * s * wgrad, params=params,
-                  fp8_act=b * s * (2 * h + 2 * q),
+                  ograd=b * s * ograd, fp8_act=b * s * (2 * h + 2 * q),
                   rep_act=b * s * (2 * h + 2 * h + mask * h), tp_collectives=2, ring_width=2 * kv)
 
 
@@ -182,8 +186,10 @@ def _mla(m: ModelSpec, t: Training) -> _Parts:
     if not t.flash_attention:
         act += (5 if m.dropout else 2) * a * s
     wgrad = 2 * h + 2 * ((rq or 0) + rkv) + 2 * a * vd + 2 * ((rq or 0) + rkv + rope) + 2 * a * (qk + nope + vd) + 2 * h
+    # Q (and its latent), the KV latent and RoPE key, K and V, O; the input norm and the latents' norms
+    ograd = 2 * (2 * (rq or 0) + a * qk) + 2 * (rkv + rope) + 2 * a * (nope + vd) + 2 * h + 2 * h + 2 * rkv
     return _Parts(linear_flops=2 * b * s * weights, core_flops=core, act=b * s * act, wgrad=b * s * wgrad,
-                  params=weights + h + (rq or 0) + rkv,
+                  ograd=b * s * ograd, params=weights + h + (rq or 0) + rkv,
                   fp8_act=b * s * (2 * h + 2 * ((rq or 0) + rkv) + 2 * a * vd),
                   rep_act=b * s * (2 * h + 2 * h + mask * h), tp_collectives=2, ring_width=a * (qk + vd))
 
@@ -198,8 +204,9 @@ def _mlp(m: ModelSpec, f: int, tokens_per_token: float = 1.0, mask: bool = True)
     act = tokens_per_token * (2 * h + saved * 2 * f) + (m.dropout and mask) * h
     wgrad = tokens_per_token * (2 * h + 2 * f + 2 * f * (2 if m.gated_mlp else 1) + 2 * h)
     params = mats * h * f
+    ograd = tokens_per_token * (2 * f * (2 if m.gated_mlp else 1) + 2 * h)  # gate and up (or fc1), down
     return _Parts(linear_flops=linear, act=b * s * act, wgrad=b * s * wgrad, params=params,
-                  fp8_act=b * s * tokens_per_token * (2 * h + 2 * f),
+                  ograd=b * s * ograd, fp8_act=b * s * tokens_per_token * (2 * h + 2 * f),
                   # a fused SwiGLU keeps its input (gate, up) and output, not silu(gate)
                   unfused_act=b * s * tokens_per_token * 2 * f if m.gated_mlp else 0.0,
                   rep_act=b * s * (tokens_per_token * 2 * h + (m.dropout and mask) * h), tp_collectives=2)
@@ -215,7 +222,7 @@ def _norm_act(m: ModelSpec) -> float:
 
 def _norm(m: ModelSpec) -> _Parts:
     """The second layer norm: its input, replicated over TP ranks without sequence parallelism."""
-    return _Parts(act=_norm_act(m), params=m.hidden, rep_act=_norm_act(m))
+    return _Parts(act=_norm_act(m), params=m.hidden, rep_act=_norm_act(m), ograd=_norm_act(m))
 
 
 def _dense(m: ModelSpec, t: Training) -> _Parts:
@@ -228,7 +235,7 @@ def _moe_mlp(m: ModelSpec) -> _Parts:
     routed = _mlp(m, fe, tokens_per_token=k)
     shared = _mlp(m, fe, tokens_per_token=m.shared_experts, mask=False) if m.shared_experts else _Parts()
     router = _Parts(linear_flops=2 * b * s * h * e, act=b * s * (4 * e + 2 * k * h), params=h * e,
-                    bf16_flops=2 * b * s * h * e)
+                    bf16_flops=2 * b * s * h * e, ograd=b * s * 2 * e)
     out = _add(routed, shared, router)
     out.params = e * routed.params + m.shared_experts * routed.params + h * e
     out.expert_params = e * routed.params
@@ -264,8 +271,9 @@ def _mamba(m: ModelSpec) -> _Parts:
     act = 2 * (2 * h + 4 * di + 2 * n) + 2 * (di + 2 * n) + 2 * 3 * di
     wgrad = 2 * h + 2 * proj_out + 2 * di + 2 * h
     params = h * proj_out + di * h + 4 * (di + 2 * n) + 3 * nh + di + h  # + conv, A, D, dt, norms
+    ograd = 2 * proj_out + 2 * (di + 2 * n) + 2 * h + 2 * h + 2 * di  # in-proj, conv, out-proj, norms
     return _Parts(linear_flops=linear, core_flops=core, act=b * s * act, wgrad=b * s * wgrad, params=params,
-                  fp8_act=b * s * (2 * h + 2 * di),
+                  ograd=b * s * ograd, fp8_act=b * s * (2 * h + 2 * di),
                   rep_act=b * s * 2 * 2 * h, tp_collectives=2)
 
 
@@ -274,7 +282,8 @@ def _lm_head(m: ModelSpec) -> _Parts:
     # input 2h, final norm input 2h, fp32 logits 4V per token for the cross-entropy backward; Megatron
     # keeps the output layer in 16 bits in FP8 runs (it is not a Transformer Engine layer)
     return _Parts(linear_flops=2 * b * s * h * v, act=b * s * (4 * h + 4 * v), wgrad=b * s * (2 * h + 2 * v),
-                  params=h * v + h, bf16_flops=2 * b * s * h * v, rep_act=b * s * 4 * h, tp_collectives=1)
+                  ograd=b * s * (2 * v + 2 * h), params=h * v + h, bf16_flops=2 * b * s * h * v,
+                  rep_act=b * s * 4 * h, tp_collectives=1)
 
 
 def _embedding(m: ModelSpec) -> _Parts:
@@ -305,7 +314,8 @@ def _parts(m: ModelSpec, t: Training, kind: str) -> _Parts:
             b, s, h = m.micro_batch_size, m.seq_len, m.hidden
             block = _moe(m, t) if m.experts else _dense(m, t)
             proj = _Parts(linear_flops=2 * b * s * 2 * h * h, act=b * s * 2 * 2 * h,
-                          wgrad=b * s * (2 * 2 * h + 2 * h), params=2 * h * h + 2 * h)
+                          wgrad=b * s * (2 * 2 * h + 2 * h), ograd=b * s * (2 * h + 2 * 2 * h),
+                          params=2 * h * h + 2 * h)
             head = _lm_head(m)
             head.params = 0.0  # the output head is shared with the main LM head (DeepSeek-V3)
             return _add(block, proj, head)
@@ -317,7 +327,8 @@ def _scale_bytes(m: ModelSpec, p: _Parts) -> _Parts:
     if DTYPE_BYTES[m.dtype] == 2:
         return p
     k = DTYPE_BYTES[m.dtype] / 2
-    return p.model_copy(update={"act": p.act * k, "wgrad": p.wgrad * k, "fp8_act": p.fp8_act * k,
+    return p.model_copy(update={"act": p.act * k, "wgrad": p.wgrad * k, "ograd": p.ograd * k,
+                                "fp8_act": p.fp8_act * k,
                                 "rep_act": p.rep_act * k, "unfused_act": p.unfused_act * k})
 
 
@@ -457,6 +468,7 @@ def layer_costs(spec: Spec) -> list[LayerCost]:
         else:
             fwd, bi, bw, core_ms = _pass_times(p, spec, layout, attending)
         act, wg = p.act, p.wgrad
+        og = p.ograd / (layout.tp * layout.cp) if layout is not None else p.ograd  # split as the outputs are
         transient, comm = 0.0, (0.0, 0.0, 0.0)
         if layout is not None:
             shown = exposed_parts(p, spec, layout, (fwd, bi), core_ms)
@@ -482,7 +494,7 @@ def layer_costs(spec: Spec) -> list[LayerCost]:
             backward_weight_ms=g.backward_weight_ms if g.backward_weight_ms is not None else bw,
             activation_bytes=act,
             weight_grad_bytes=min(wg, act),
-            output_grad_bytes=(g.output_grad_mib or 0.0) * MIB,
+            output_grad_bytes=g.output_grad_mib * MIB if g.output_grad_mib is not None else og,
             params=g.params if g.params is not None else p.params,
             static_bytes=0.0,
             flops=p.linear_flops + p.core_flops,
@@ -584,8 +596,9 @@ def build_problem(spec: Spec, partition: list[list[int]], placement: str | None 
         layer = costs[lo:hi]
         act = sum(c.activation_bytes for c in layer)
         wg = sum(c.weight_grad_bytes for c in layer)
-        # torch's first stage runs its whole backward in W: no output gradients wait there
-        og = 0.0 if frees_at_w and k == 0 else sum(c.output_grad_bytes for c in layer)
+        # only torch's split backward keeps output gradients beside the activation (Zero Bubble's
+        # model counts them in weight_grad_mib), and not on the first stage, whose W runs it all
+        og = sum(c.output_grad_bytes for c in layer) if frees_at_w and k > 0 else 0.0
         fwd = sum(c.forward_ms for c in layer)
         ckpt = min(boundary if lo > 0 else m.micro_batch_size * m.seq_len * 8, act)
         offload = act / host_bytes_per_ms

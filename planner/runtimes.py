@@ -106,7 +106,8 @@ def _split_backward(problem: Problem, plan: Plan) -> tuple[str, bool]:
                   + ("" if math.isinf(limit) else f" (limit {limit:.0f} MiB{', over it' if over else ''})")
                   + (f"; {len(over)} device(s) over their limits" if len(over) > 1 else ""))
     return ("; torch's split backward keeps a microbatch's saved activations from its B to its W (B"
-            " retains the graph; on the first stage W runs the whole backward)" + effect), not over
+            " retains the graph, and adds the output gradients W needs where the problem gives them; on"
+            " the first stage W runs the whole backward)" + effect), not over
 
 
 def runtimes_document(problem: Problem, plan: Plan) -> dict[str, Any]:

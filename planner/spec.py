@@ -333,7 +333,7 @@ class Training(BaseModel):
     backward_frees: Literal["at_b", "at_w"] = Field(default="at_b", description=(
         "where a split backward frees a microbatch's activations: at_b (Zero Bubble's implementation:"
         " B frees all but what W needs) or at_w (torch's PipelineStage, under pipeplan's runtime, torch's"
-        " and torchtitan's: B retains the graph for W)"))
+        " and torchtitan's: B retains the graph for W and keeps the output gradients W needs beside it)"))
     offload: bool = False
     recompute: bool = False
     memory_budget_gib: float | list[float] | None = Field(

@@ -92,8 +92,8 @@ def _exactly_one(schema: dict[str, Any]) -> None:
 _POSITIVE = {"Stage": ("forward_ms", "backward_input_ms")}
 _NON_NEGATIVE = {
     "Stage": ("backward_weight_ms", "recompute_ms", "offload_ms", "reload_ms", "activation_mib", "weight_grad_mib",
-              "offloadable_mib", "checkpoint_mib"),
-    "Device": ("memory_limit_mib", "static_mib", "host_memory_limit_mib"),
+              "offloadable_mib", "checkpoint_mib", "output_grad_mib", "reduce_ms"),
+    "Device": ("memory_limit_mib", "static_mib", "host_memory_limit_mib", "optimizer_ms"),
     "Problem": ("p2p_ms",),
 }
 

@@ -222,8 +222,13 @@ def test_backward_frees_at_w_plans_for_torch_s_split_backward():
     torch = problem_from_document(llama_doc(backward_frees="at_w"))
     assert all(s.weight_grad_mib < s.activation_mib for s in zb.stages)
     assert all(s.weight_grad_mib == s.activation_mib for s in torch.stages)
+    # and B's output gradients beside them (none on the first stage, whose W runs the whole
+    # backward): s(7h + 2f) 16-bit values per block, 4 blocks = 1,584 MiB, what an H200's allocator
+    # grew by across B for this very shape (docs/torch.md, "On a GPU")
+    assert torch.stages[0].output_grad_mib is None and all(s.output_grad_mib is None for s in zb.stages)
+    assert [s.output_grad_mib for s in torch.stages[1:-1]] == [1584.0] * (torch.num_stages - 2)
     assert [s.activation_mib for s in torch.stages] == [s.activation_mib for s in zb.stages]
-    plan = run_baseline(torch, "zb-h2")  # W's late: what the plan counts is what torch holds
+    plan = run_baseline(torch, "zb-h1")  # W's late: what the plan counts is what torch holds
     assert torch_peaks(torch, plan) == pytest.approx(plan.peak_memory_mib)
     zb_plan = run_baseline(zb, "zb-h2")
     assert max(torch_peaks(zb, zb_plan)) > max(zb_plan.peak_memory_mib)
