@@ -123,12 +123,12 @@ def held_until_w(problem: Problem, stages: Iterable[int] | None = None,
     the stages of `whole_in_w` (the first, whose input needs no gradient) B does nothing at all and
     W runs the whole backward, freeing as it goes: no output gradients are held there.
     docs/torch.md, "On a GPU"."""
-    held = set(range(problem.num_stages) if stages is None else stages)
+    held, whole = set(range(problem.num_stages) if stages is None else stages), set(whole_in_w)
     if not held:
         return problem
     doc = problem.model_dump(mode="json")
     for k in held:
         doc["stages"][k]["weight_grad_mib"] = doc["stages"][k]["activation_mib"]
-        if k in set(whole_in_w):
+        if k in whole:
             doc["stages"][k]["output_grad_mib"] = None
     return Problem.model_validate(doc)

@@ -302,7 +302,7 @@ def _memory_rows(problem: Problem, solver, lanes, s, dur, prec, off, horizon) ->
             for k, i in pairs:
                 st = problem.stages[k]
                 # B's output gradients counted from F (only F and RELOAD starts are checked), so the
-                # rows may only over-count: a + o on [F, B), g + o on [B, W)
+                # rows may only over-count: a + o_g on [F, B), g + o_g on [B, W)
                 o_g = problem.output_grad_of(k) if split else 0.0
                 a, g = st.activation_mib + o_g, (st.weight_grad_mib + o_g if split else 0.0)
                 f_op = Op(Kind.F, k, i)
