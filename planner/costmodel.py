@@ -161,10 +161,11 @@ def _attention(m: ModelSpec, t: Training) -> _Parts:
     act = 2 * h + 2 * h + 2 * q + 4 * kv + 2 * q + mask * h
     if not t.flash_attention:
         act += (5 if m.dropout else 2) * a * s  # softmax out (+ dropout mask and output) per score
-    # W needs the inputs of QKV and O projections and the gradients of their outputs
-    wgrad = 2 * h + 2 * q + 2 * (q + 2 * kv) + 2 * h
+    # W needs the inputs of QKV and O projections and the gradients of their outputs (and torch
+    # keeps the norm's scale's beside them)
+    outputs = 2 * (q + 2 * kv) + 2 * h
+    wgrad, ograd = 2 * h + 2 * q + outputs, outputs + 2 * h
     params = 2 * h * q + 2 * h * kv + h  # + norm
-    ograd = 2 * (q + 2 * kv) + 2 * h + 2 * h  # QKV, O and the norm's scale
     return _Parts(linear_flops=linear, core_flops=core, act=b * s * act, wgrad=b * s * wgrad, params=params,
                   ograd=b * s * ograd, fp8_act=b * s * (2 * h + 2 * q),
                   rep_act=b * s * (2 * h + 2 * h + mask * h), tp_collectives=2, ring_width=2 * kv)
@@ -185,9 +186,11 @@ def _mla(m: ModelSpec, t: Training) -> _Parts:
     act = 2 * h + 2 * h + 4 * ((rq or 0) + rkv + rope) + 2 * a * qk * 2 + 2 * a * vd + 2 * a * vd + mask * h
     if not t.flash_attention:
         act += (5 if m.dropout else 2) * a * s
-    wgrad = 2 * h + 2 * ((rq or 0) + rkv) + 2 * a * vd + 2 * ((rq or 0) + rkv + rope) + 2 * a * (qk + nope + vd) + 2 * h
-    # Q (and its latent), the KV latent and RoPE key, K and V, O; the input norm and the latents' norms
-    ograd = 2 * (2 * (rq or 0) + a * qk) + 2 * (rkv + rope) + 2 * a * (nope + vd) + 2 * h + 2 * h + 2 * rkv
+    # outputs: the Q and KV latents and RoPE key, Q, K and V, O; torch also keeps the input norm's and
+    # the latents' norms' scales'
+    outputs = 2 * ((rq or 0) + rkv + rope) + 2 * a * (qk + nope + vd) + 2 * h
+    wgrad = 2 * h + 2 * ((rq or 0) + rkv) + 2 * a * vd + outputs
+    ograd = outputs + 2 * h + 2 * ((rq or 0) + rkv)
     return _Parts(linear_flops=2 * b * s * weights, core_flops=core, act=b * s * act, wgrad=b * s * wgrad,
                   ograd=b * s * ograd, params=weights + h + (rq or 0) + rkv,
                   fp8_act=b * s * (2 * h + 2 * ((rq or 0) + rkv) + 2 * a * vd),
@@ -202,9 +205,9 @@ def _mlp(m: ModelSpec, f: int, tokens_per_token: float = 1.0, mask: bool = True)
     saved = 4 if m.gated_mlp else 2
     # per routed token: input 2h, saved intermediates 2f each; per token: LN input 2h, dropout mask h
     act = tokens_per_token * (2 * h + saved * 2 * f) + (m.dropout and mask) * h
-    wgrad = tokens_per_token * (2 * h + 2 * f + 2 * f * (2 if m.gated_mlp else 1) + 2 * h)
-    params = mats * h * f
     ograd = tokens_per_token * (2 * f * (2 if m.gated_mlp else 1) + 2 * h)  # gate and up (or fc1), down
+    wgrad = tokens_per_token * (2 * h + 2 * f) + ograd  # their inputs beside
+    params = mats * h * f
     return _Parts(linear_flops=linear, act=b * s * act, wgrad=b * s * wgrad, params=params,
                   ograd=b * s * ograd, fp8_act=b * s * tokens_per_token * (2 * h + 2 * f),
                   # a fused SwiGLU keeps its input (gate, up) and output, not silu(gate)
@@ -269,9 +272,10 @@ def _mamba(m: ModelSpec) -> _Parts:
     linear = 2 * b * s * h * proj_out + 2 * b * s * di * h
     core = 6 * b * s * di * n  # chunked SSD scan (estimate)
     act = 2 * (2 * h + 4 * di + 2 * n) + 2 * (di + 2 * n) + 2 * 3 * di
-    wgrad = 2 * h + 2 * proj_out + 2 * di + 2 * h
+    outputs = 2 * proj_out + 2 * h  # in- and out-projections
+    wgrad = 2 * h + 2 * di + outputs
+    ograd = outputs + 2 * (di + 2 * n) + 2 * h + 2 * di  # and torch's: the conv's, the norms' scales'
     params = h * proj_out + di * h + 4 * (di + 2 * n) + 3 * nh + di + h  # + conv, A, D, dt, norms
-    ograd = 2 * proj_out + 2 * (di + 2 * n) + 2 * h + 2 * h + 2 * di  # in-proj, conv, out-proj, norms
     return _Parts(linear_flops=linear, core_flops=core, act=b * s * act, wgrad=b * s * wgrad, params=params,
                   ograd=b * s * ograd, fp8_act=b * s * (2 * h + 2 * di),
                   rep_act=b * s * 2 * 2 * h, tp_collectives=2)
@@ -327,9 +331,8 @@ def _scale_bytes(m: ModelSpec, p: _Parts) -> _Parts:
     if DTYPE_BYTES[m.dtype] == 2:
         return p
     k = DTYPE_BYTES[m.dtype] / 2
-    return p.model_copy(update={"act": p.act * k, "wgrad": p.wgrad * k, "ograd": p.ograd * k,
-                                "fp8_act": p.fp8_act * k,
-                                "rep_act": p.rep_act * k, "unfused_act": p.unfused_act * k})
+    return p.model_copy(update={name: getattr(p, name) * k for name in
+                                ("act", "wgrad", "ograd", "fp8_act", "rep_act", "unfused_act")})
 
 
 ATTENDING = ("dense", "moe", "attention", "mtp_head")  # layer types with an attention core
