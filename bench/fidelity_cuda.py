@@ -126,12 +126,11 @@ def stage_problem(args: argparse.Namespace, groups: list[dict], hw: Hardware, el
                      "seq": args.seq}})
 
 
-def with_output_grads(problem: Problem, mib: float) -> Problem:
-    """`problem` with every stage's B keeping `mib` of output gradients for W (torch's view of it;
-    the plans are solved in Zero Bubble's model, which counts none)."""
+def with_stage_fields(problem: Problem, **fields: float | None) -> Problem:
+    """`problem` with `fields` set on every stage (the stages are identical), validated again."""
     doc = problem.model_dump(mode="json")
     for stage in doc["stages"]:
-        stage["output_grad_mib"] = mib or None
+        stage.update(fields)
     return Problem.model_validate(doc)
 
 
@@ -202,10 +201,8 @@ def with_op_times(problem: Problem, medians: dict[str, tuple[int, float]]) -> Pr
     iteration comes to by the plan's own rules when its ops take what they took."""
     times = {"forward_ms": "F", "backward_input_ms": "B", "backward_weight_ms": "W", "offload_ms": "OFFLOAD",
              "reload_ms": "RELOAD"}
-    doc = problem.model_dump(mode="json")
-    for stage in doc["stages"]:
-        stage.update({field: medians[kind][1] for field, kind in times.items() if kind in medians})
-    return Problem.model_validate(doc)
+    return with_stage_fields(problem, **{field: medians[kind][1] for field, kind in times.items()
+                                         if kind in medians})
 
 
 def span(trace: DeviceTrace) -> float:
@@ -431,11 +428,13 @@ def main(argv: list[str] | None = None) -> int:
     runs = [(f"the solver's plan ({solved.method}, no offload)", problem, solved, max(own_peaks))] \
         if solved is not plan else []
     runs += [("the offload plan", problem, plan, peak), ("ZB-H1 without offload", base, plain, dense_peak)]
-    kept = sum(g.get("output_grad_mib", 0.0) for g in groups)  # what B leaves for W, as profiled
+    # what B leaves for W, as profiled: torch's view of the plans, solved in Zero Bubble's model
+    kept = sum(g.get("output_grad_mib", 0.0) for g in groups)
     for name, prob, ran, measured in runs:  # as planned, and as torch's split backward holds it
         rows += [row("memory", f"peak, {name} (MiB)", ran.peak_memory_mib[rank], measured),
                  row("memory", f"peak, {name}, held until W as torch does (MiB)",
-                     (torch_peaks(with_output_grads(prob, kept), ran) or ran.peak_memory_mib)[rank],
+                     (torch_peaks(with_stage_fields(prob, output_grad_mib=kept or None), ran)
+                      or ran.peak_memory_mib)[rank],
                      measured)]
     if working:  # CUDA only: what the allocator saw B leave for W, and its transients beyond
         rows += [row("memory", "B leaves for W beside the graph, one microbatch (MiB; predicted: the"

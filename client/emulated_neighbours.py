@@ -125,7 +125,7 @@ class EmulatedNeighbours:
         self.waited_ms: dict[Label, float] = {}  # how long each receive of the last iteration waited
         self._t0 = time.perf_counter()
         self._payloads: dict[tuple, torch.Tensor] = {}
-        self._spin_hz: float | None = None  # CUDA: the spin kernel's cycles per second
+        self._spin_hz = 0.0  # CUDA: the spin kernel's cycles per second, measured as each iteration begins
 
     def begin_iteration(self) -> None:
         """Start the iteration's clock (on CUDA once the device has finished the previous one)."""
@@ -164,9 +164,8 @@ class EmulatedNeighbours:
         stream = torch.cuda.current_stream(self.device)
         while (now := time.perf_counter()) < deadline:
             if stream.query():
-                hz = self._spin_hz or _spin_hz(self.device)
                 with torch.cuda.device(self.device):
-                    torch.cuda._sleep(int((deadline - now) * SPIN_MARGIN * hz))
+                    torch.cuda._sleep(int((deadline - now) * SPIN_MARGIN * self._spin_hz))
                 return
             time.sleep(0)
 
